@@ -1,0 +1,7 @@
+"""Backends execute one trial and return a TrialRecord: real torch jobs, table replay, simulator."""
+
+from __future__ import annotations
+
+from infrarsi.backends.base import Backend
+
+__all__ = ["Backend"]

@@ -1,0 +1,205 @@
+"""The task spec (configs/tasks/*.yaml): frozen dataclasses loaded by the strict loader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infrarsi._strict import from_dict, load_yaml, to_dict
+from infrarsi.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The model's architecture. ``num_experts``/``top_k`` are zero for a dense model."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    ffn_hidden_size: int
+    num_experts: int = 0
+    top_k: int = 0
+    aux_loss_weight: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"hidden_size {self.hidden_size} must be divisible by num_heads {self.num_heads}"
+            )
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ConfigError("hidden_size / num_heads must be even for rotary embeddings")
+        if self.num_experts and not 0 < self.top_k <= self.num_experts:
+            raise ConfigError(f"top_k {self.top_k} must be in 1..num_experts ({self.num_experts})")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The user's training code and the work one optimizer step does.
+
+    ``workspace`` is the directory of the user's code (relative to the YAML file); ``entry`` is
+    the file in it that defines ``build_model(shape: dict, parallel: dict) -> torch.nn.Module``
+    (the entry point's interface, frozen by the contract).
+    """
+
+    workspace: str
+    family: str
+    shape: ModelShape
+    seq_len: int
+    global_batch_size: int
+    entry: str = "entry.py"
+
+    def __post_init__(self) -> None:
+        if self.family not in ("dense", "moe"):
+            raise ConfigError(f"family {self.family!r} must be 'dense' or 'moe'")
+        if self.family == "moe" and not self.shape.num_experts:
+            raise ConfigError("a moe workload needs shape.num_experts > 0 and shape.top_k")
+        if self.seq_len <= 0 or self.global_batch_size <= 0:
+            raise ConfigError("seq_len and global_batch_size must be positive")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+
+@dataclass(frozen=True)
+class ScopeSpec:
+    """What a patch may touch. Globs are relative to the workspace."""
+
+    editable: tuple[str, ...] = ("**/*.py",)
+    frozen: tuple[str, ...] = ("entry.py",)
+
+
+@dataclass(frozen=True)
+class LossReferenceSpec:
+    """K steps of the baseline at a fixed seed; a later run must reproduce them within tolerance.
+
+    ``rtol`` None picks a tolerance that fits the precision (fp32 tight, bf16 looser).
+    """
+
+    steps: int = 4
+    seed: int = 1234
+    rtol: float | None = None
+
+
+@dataclass(frozen=True)
+class TimingSpec:
+    """The harness-owned timing protocol: warm-up steps (compile included) are not measured."""
+
+    warmup_steps: int = 2
+    measured_steps: int = 5
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 1 or self.measured_steps < 2:
+            raise ConfigError("timing needs warmup_steps >= 1 and measured_steps >= 2")
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """Where trials run. On CPU ``memory_capacity_gib`` is the emulated per-worker capacity."""
+
+    device: str = "cpu"
+    max_workers: int = 2
+    cpus_per_worker: int = 1
+    memory_capacity_gib: float | None = None
+    device_name: str | None = None
+    peak_flops: float | None = None
+    interconnect: str = "loopback"
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device {self.device!r} must be 'cpu' or 'cuda'")
+        if self.device == "cpu" and not self.memory_capacity_gib:
+            raise ConfigError(
+                "a cpu task needs hardware.memory_capacity_gib (the emulated device capacity, "
+                "e.g. 1.5)"
+            )
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Limits for one trial. A trial past ``timeout_s`` is ended and recorded as a timeout."""
+
+    timeout_s: float = 600.0
+    placement_strategy: str = "PACK"
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """The locked baseline and optional restrictions of each knob's domain."""
+
+    baseline: dict[str, Any] = field(default_factory=dict)
+    restrict: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    exclude_knobs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BankSpec:
+    """Where experience is kept. ``url`` None: $INFRARSI_BANK_URL, else experience_db/bank.sqlite."""
+
+    url: str | None = None
+
+
+@dataclass(frozen=True)
+class LLMSpec:
+    """A locally served vLLM model (OpenAI-compatible API). Absent: the expert proposer only."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = ""
+    api_key_env: str = "INFRARSI_LLM_API_KEY"
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    workload: WorkloadSpec
+    hardware: HardwareSpec
+    scope: ScopeSpec = field(default_factory=ScopeSpec)
+    loss_reference: LossReferenceSpec = field(default_factory=LossReferenceSpec)
+    timing: TimingSpec = field(default_factory=TimingSpec)
+    trial: TrialSpec = field(default_factory=TrialSpec)
+    search: SearchSpec = field(default_factory=SearchSpec)
+    bank: BankSpec = field(default_factory=BankSpec)
+    llm: LLMSpec | None = None
+    run_dir: str = "runs/{name}"
+    # Where the spec was read from; relative paths in it are relative to this directory.
+    base_dir: str = ""
+
+    def workspace_path(self) -> Path:
+        p = Path(self.workload.workspace)
+        return (Path(self.base_dir) / p).resolve() if not p.is_absolute() else p
+
+    def run_path(self) -> Path:
+        p = Path(self.run_dir.format(name=self.name))
+        return p if p.is_absolute() else (Path.cwd() / p)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "<dict>") -> TaskSpec:
+        return from_dict(cls, data, source=source)
+
+
+def load_task(path: str | Path) -> TaskSpec:
+    """Load and check a task spec; relative paths in it resolve against the file's directory."""
+    path = Path(path).resolve()
+    data = load_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the task spec must be a mapping at the top level")
+    data = {**data, "base_dir": str(path.parent)}
+    spec = TaskSpec.from_dict(data, source=str(path))
+    ws = spec.workspace_path()
+    if not ws.is_dir():
+        raise ConfigError(
+            f"{path}: workload.workspace {spec.workload.workspace!r} resolves to {ws}, which is not "
+            "a directory; point it at the folder holding your training code"
+        )
+    if not (ws / spec.workload.entry).is_file():
+        raise ConfigError(
+            f"{path}: workload.entry {spec.workload.entry!r} not found in {ws}; it must define "
+            "build_model(shape, parallel)"
+        )
+    return spec
