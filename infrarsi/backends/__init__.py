@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from infrarsi.backends.base import Backend
+from infrarsi.backends.table import TableBackend
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "TableBackend"]
