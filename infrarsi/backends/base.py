@@ -55,4 +55,4 @@ class Backend(abc.ABC):
         return record.tokens_per_s if record.ok else None
 
     def close(self) -> None:
-        """Release what the backend holds (processes, files). Idempotent."""
+        """Release what the backend holds (processes, files). Idempotent."""  # noqa: B027

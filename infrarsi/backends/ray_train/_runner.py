@@ -1,0 +1,116 @@
+"""One trial as a Ray Train V2 ``TorchTrainer`` job, launched from a killable runner actor.
+
+Why an actor: ``trainer.fit()`` blocks and has no deadline. Running it inside a zero-CPU actor
+lets the driver wait with a timeout and, on a hang, kill the actor; the Train controller and its
+workers are owned by that actor, so Ray tears them down with it and frees their resources.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from infrarsi.backends.ray_train._classify import classify
+
+# Ray Train polls its workers at this interval; the default (2 s) adds up to 2 s per trial.
+_POLL_INTERVAL_S = "0.25"
+
+
+def read_workspace(root: Path) -> dict[str, str]:
+    """The workspace's text files by relative path, to ship to workers on any node."""
+    files = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".json", ".yaml", ".txt"):
+            files[str(p.relative_to(root))] = p.read_text()
+    return files
+
+
+def _materialize(files: dict[str, str]) -> str:
+    root = Path(tempfile.mkdtemp(prefix="infrarsi-ws-"))
+    for rel, text in files.items():
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text)
+    return str(root)
+
+
+def train_fn(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """Runs in every Ray Train worker. Rank 0 returns the trial's result for all ranks."""
+    import torch.distributed as dist
+
+    from infrarsi.harness import train_worker
+
+    workspace = _materialize(payload.pop("workspace_files"))
+    try:
+        out = train_worker({**payload, "workspace": workspace})
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+    peaks = [out["peak_memory_bytes"]]
+    if dist.is_available() and dist.is_initialized():
+        peaks = [None] * dist.get_world_size()
+        dist.all_gather_object(peaks, out["peak_memory_bytes"])
+    out["peak_memory_bytes_per_rank"] = peaks
+    return out if out.get("rank", 0) == 0 else None
+
+
+def scaling_kwargs(config: dict[str, Any], *, device: str, placement_strategy: str) -> dict[str, Any]:
+    resources = {"CPU": config["num_threads"]}
+    return {
+        "num_workers": config["num_workers"],
+        "use_gpu": device == "cuda",
+        "resources_per_worker": resources,
+        "placement_strategy": placement_strategy,
+    }
+
+
+def run_trainer(payload: dict[str, Any], scaling: dict[str, Any], *, backend: str,
+                collective_timeout_s: int, storage_path: str, local_mode: bool = False) -> dict[str, Any]:
+    """Build and fit the TorchTrainer; never raises: failures come back classified."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", _POLL_INTERVAL_S)
+    t0 = time.time()
+    try:
+        trainer = TorchTrainer(
+            train_fn,
+            train_loop_config=payload,
+            scaling_config=ScalingConfig(**({"num_workers": 0} if local_mode else scaling)),
+            torch_config=TorchConfig(backend=backend, timeout_s=collective_timeout_s),
+            run_config=RunConfig(
+                name=f"infrarsi-{uuid.uuid4().hex[:8]}",
+                storage_path=storage_path,
+                failure_config=FailureConfig(max_failures=0),
+            ),
+        )
+        result = trainer.fit()
+        return {"ok": True, "value": result.return_value, "t_submit": t0, "t_end": time.time()}
+    except Exception as e:  # noqa: BLE001 - every failure becomes a record
+        status, kind, message = classify(e)
+        return {
+            "ok": False,
+            "status": status.value,
+            "error_kind": kind.value if kind else None,
+            "message": message,
+            "t_submit": t0,
+            "t_end": time.time(),
+        }
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class TrialRunner:
+    """Holds one trial's TorchTrainer; killing this actor ends the trial and frees its workers."""
+
+    def run(self, payload: dict[str, Any], scaling: dict[str, Any], backend: str,
+            collective_timeout_s: int, storage_path: str) -> dict[str, Any]:
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+        return run_trainer(payload, scaling, backend=backend,
+                           collective_timeout_s=collective_timeout_s, storage_path=storage_path)

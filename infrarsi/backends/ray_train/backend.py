@@ -1,0 +1,224 @@
+"""The ray_train backend: each trial is a real Ray Train torch job (gloo on CPU, nccl on GPU)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from infrarsi.backends.base import Backend
+from infrarsi.backends.ray_train._runner import (
+    TrialRunner,
+    read_workspace,
+    run_trainer,
+    scaling_kwargs,
+)
+from infrarsi.contract import Contract, TaskSpec
+from infrarsi.space import SearchSpace
+from infrarsi.trial import (
+    ErrorKind,
+    HardwareFingerprint,
+    TrialRecord,
+    TrialStatus,
+    WorkloadSignature,
+)
+from infrarsi.workloads import build_torch_space
+
+GIB = 2**30
+# Time to start a Train worker group on a busy 2-core box is ~30 s; the trial timeout in the
+# task spec covers the training itself, so the driver allows this much on top of it.
+STARTUP_ALLOWANCE_S = 120.0
+
+
+def workload_signature(spec: TaskSpec) -> WorkloadSignature:
+    from infrarsi.harness import model_stats
+
+    wl, shape = spec.workload, spec.workload.shape
+    stats = model_stats(spec.to_dict())
+    return WorkloadSignature(
+        model_family=wl.family,
+        num_params=int(stats["num_params"]),
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_heads=shape.num_heads,
+        seq_len=wl.seq_len,
+        global_batch_size=wl.global_batch_size,
+        num_experts=shape.num_experts,
+        top_k=shape.top_k,
+        vocab_size=shape.vocab_size,
+        name=spec.name,
+    )
+
+
+def hardware_fingerprint(spec: TaskSpec) -> HardwareFingerprint:
+    hw = spec.hardware
+    capacity = int((hw.memory_capacity_gib or 0) * GIB)
+    if hw.device == "cuda" and not capacity:
+        import torch
+
+        if torch.cuda.is_available():
+            capacity = torch.cuda.get_device_properties(0).total_memory
+    return HardwareFingerprint(
+        device_name=hw.device_name or hw.device,
+        memory_bytes=capacity,
+        devices_per_node=hw.max_workers,
+        num_nodes=1,
+        interconnect=hw.interconnect,
+        peak_flops=hw.peak_flops or 0.0,
+    )
+
+
+class RayTrainBackend(Backend):
+    """Runs trials of a task spec as Ray Train ``TorchTrainer`` jobs.
+
+    ``contract`` (from ``infrarsi init``) turns on the invariant checks: frozen files are
+    re-hashed before any trial, and a trial whose first K losses drift from the reference or
+    whose work per step differs comes back ``REJECTED``. ``workspace`` overrides the spec's
+    workspace (an isolated, patched copy). ``local_mode`` runs the train function in this
+    process with ``ScalingConfig(num_workers=0)`` (fast unit tests; no real workers).
+    """
+
+    name = "ray_train"
+
+    def __init__(self, spec: TaskSpec, *, contract: Contract | None = None,
+                 workspace: Path | None = None, local_mode: bool = False,
+                 storage_path: str | None = None) -> None:
+        self.spec = spec
+        self.contract = contract
+        if contract is not None:
+            contract.verify_frozen()
+        self.workspace = Path(workspace) if workspace else spec.workspace_path()
+        self.local_mode = local_mode
+        self.storage_path = storage_path or os.path.join(tempfile.gettempdir(), "infrarsi-ray-results")
+        self._space = build_torch_space(spec)
+        self._workload = workload_signature(spec)
+        self._hardware = hardware_fingerprint(spec)
+
+    @property
+    def space(self) -> SearchSpace:
+        return self._space
+
+    @property
+    def workload(self) -> WorkloadSignature:
+        return self._workload
+
+    @property
+    def hardware(self) -> HardwareFingerprint:
+        return self._hardware
+
+    def baseline_config(self) -> dict[str, Any]:
+        if self.contract is not None:
+            return self._space.normalize(self.contract.baseline_config)
+        return self._space.defaults()
+
+    # ---- one trial --------------------------------------------------------------------
+    def payload(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        capacity = self._hardware.memory_bytes if self.spec.hardware.device == "cpu" else None
+        return {
+            "task": self.spec.to_dict(),
+            "config": dict(config),
+            "workspace_files": read_workspace(self.workspace),
+            "capacity_bytes": capacity,
+        }
+
+    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None) -> TrialRecord:
+        config = self._space.normalize(config)  # raises IllegalConfigError: never reaches Ray
+        trial_id = trial_id or uuid.uuid4().hex[:8]
+        devices = 1 if self.local_mode else config["num_workers"]
+        outcome = self._launch(config)
+        wall = outcome["t_end"] - outcome["t_submit"]
+        common = {
+            "trial_id": trial_id,
+            "config": config,
+            "backend": self.name,
+            "workload": self._workload,
+            "hardware": self._hardware,
+            "memory_capacity_bytes": self._hardware.memory_bytes or None,
+            "tokens_per_step": self.spec.workload.tokens_per_step,
+            "device_seconds": wall * devices,
+            "wall_seconds": wall,
+        }
+        if not outcome["ok"]:
+            status = TrialStatus(outcome["status"])
+            return TrialRecord(
+                status=status,
+                error_kind=ErrorKind(outcome["error_kind"]) if outcome["error_kind"] else None,
+                error_message=outcome["message"],
+                memory_censor_bytes=self._hardware.memory_bytes if status is TrialStatus.OOM else None,
+                **common,
+            )
+        return self._ok_record(outcome, config, common)
+
+    def _ok_record(self, outcome: dict[str, Any], config: dict[str, Any],
+                   common: dict[str, Any]) -> TrialRecord:
+        value = outcome["value"] or {}
+        extra = {k: value[k] for k in ("num_params", "flops_per_token") if k in value}
+        status, kind, message = TrialStatus.OK, None, ""
+        if self.contract is not None:
+            problem = self.contract.check_work(value.get("tokens_per_step"))
+            problem = problem or self.contract.check_loss(value.get("loss_trace", ()), config["precision"])
+            if problem:
+                status, message = TrialStatus.REJECTED, problem
+        first = value.get("t_first_measured_step")
+        return TrialRecord(
+            status=status,
+            error_kind=kind,
+            error_message=message,
+            step_times_s=value.get("step_times_s", ()),
+            peak_memory_bytes=value.get("peak_memory_bytes_per_rank"),
+            loss_trace=value.get("loss_trace", ()),
+            phase_times_s=value.get("phase_times_s") or {},
+            startup_seconds=(first - outcome["t_submit"]) if first else None,
+            extra=extra,
+            **{**common, "tokens_per_step": value.get("tokens_per_step", common["tokens_per_step"])},
+        )
+
+    def _launch(self, config: dict[str, Any]) -> dict[str, Any]:
+        payload = self.payload(config)
+        cuda = self.spec.hardware.device == "cuda"
+        backend = "nccl" if cuda else "gloo"
+        timeout = float(self.spec.trial.timeout_s)
+        # The collective timeout sits past the trial timeout so that a deadlocked collective
+        # is ended by the trial timeout (and classified as a hang), not by gloo.
+        collective_timeout = int(timeout + STARTUP_ALLOWANCE_S + 60)
+        scaling = scaling_kwargs(config, device=self.spec.hardware.device,
+                                 placement_strategy=self.spec.trial.placement_strategy)
+        if self.local_mode:
+            return run_trainer(payload, scaling, backend=backend, collective_timeout_s=collective_timeout,
+                               storage_path=self.storage_path, local_mode=True)
+        _ensure_ray()
+        t0 = time.time()
+        runner = TrialRunner.remote()
+        ref = runner.run.remote(payload, scaling, backend, collective_timeout, self.storage_path)
+        ready, _ = ray.wait([ref], timeout=timeout + STARTUP_ALLOWANCE_S)
+        if ready:
+            try:
+                return ray.get(ready[0])
+            except ray.exceptions.RayError as e:  # the runner itself died (node lost)
+                return _failed(t0, TrialStatus.ERROR, ErrorKind.WORKER_LOST, f"{type(e).__name__}: {e}")
+            finally:
+                ray.kill(runner, no_restart=True)
+        ray.kill(runner, no_restart=True)  # takes the Train controller and its workers with it
+        return _failed(t0, TrialStatus.ERROR, ErrorKind.TIMEOUT,
+                       f"trial exceeded its time limit of {timeout:g} s (+{STARTUP_ALLOWANCE_S:g} s "
+                       "startup allowance); a hang or deadlocked collective. Raise trial.timeout_s "
+                       "in the task spec if the workload is just slow.")
+
+
+def _failed(t0: float, status: TrialStatus, kind: ErrorKind, message: str) -> dict[str, Any]:
+    return {"ok": False, "status": status.value, "error_kind": kind.value, "message": message,
+            "t_submit": t0, "t_end": time.time()}
+
+
+def _ensure_ray() -> None:
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+
+

@@ -1,0 +1,165 @@
+"""The ``infrarsi`` command line: one subcommand per stage, plus ``trial`` and ``bank``.
+
+Exit codes: 0 success; 1 the stage ran and failed (e.g. the trial did not come back ok);
+2 a usage error or bad input (the message says what to fix); 3 the stage is not built yet;
+4 the contract is broken (a frozen file changed). Tracebacks only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infrarsi.errors import (
+    ContractError,
+    FrozenFileChangedError,
+    InfraRSIError,
+    NotBuiltYetError,
+)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_BUILT, EXIT_CONTRACT = 0, 1, 2, 3, 4
+
+
+def _parse_set(items: Sequence[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise argparse.ArgumentTypeError(f"--set {item!r}: expected knob=value, e.g. --set micro_batch_size=4")
+        key, _, raw = item.partition("=")
+        out[key.strip()] = yaml.safe_load(raw)
+    return out
+
+
+# ---- subcommands ----------------------------------------------------------------------
+def cmd_init(args: argparse.Namespace) -> int:
+    from infrarsi.contract import init_task
+
+    contract, path, record = init_task(args.task, run_dir=args.run_dir, local_mode=args.local_mode)
+    print(f"baseline: {record.summary()}")
+    print(f"frozen files: {len(contract.frozen_files)}; editable: {', '.join(contract.editable)}")
+    print(f"work per step: {contract.work['tokens_per_step']:,} tokens "
+          f"({contract.work['global_batch_size']} x {contract.work['seq_len']}), "
+          f"{contract.work['num_params']:,} parameters")
+    trace = ", ".join(f"{v:.4f}" for v in contract.loss_reference["trace"])
+    print(f"loss reference ({contract.loss_reference['steps']} steps, seed "
+          f"{contract.loss_reference['seed']}): {trace}")
+    print(f"contract written to {path}")
+    return EXIT_OK
+
+
+def cmd_trial(args: argparse.Namespace) -> int:
+    from infrarsi.backends.ray_train import RayTrainBackend
+    from infrarsi.contract import CONTRACT_FILE, Contract, load_task
+
+    spec = load_task(args.task)
+    run_dir = Path(args.run_dir) if args.run_dir else spec.run_path()
+    contract = Contract.load(run_dir) if (run_dir / CONTRACT_FILE).is_file() else None
+    backend = RayTrainBackend(spec, contract=contract, local_mode=args.local_mode)
+    config = {**backend.baseline_config(), **_parse_set(args.set)}
+    record = backend.execute(config)
+    if args.json:
+        print(json.dumps(record.to_dict(), indent=2, default=str))
+    else:
+        print(record.summary())
+        _print_record_details(record)
+    return EXIT_OK if record.ok else EXIT_FAILED
+
+
+def _print_record_details(record) -> None:
+    cfg = ", ".join(f"{k}={v}" for k, v in record.config.items())
+    print(f"  config: {cfg}")
+    if record.step_times_s:
+        steps = ", ".join(f"{t * 1e3:.1f}" for t in record.step_times_s)
+        print(f"  step times (ms): {steps}")
+    if record.peak_memory_bytes:
+        peaks = ", ".join(f"{b / 2**20:,.1f}" for b in record.peak_memory_bytes)
+        print(f"  peak memory per rank (MiB): {peaks} of {record.memory_capacity_bytes / 2**20:,.0f}"
+              if record.memory_capacity_bytes else f"  peak memory per rank (MiB): {peaks}")
+    if record.loss_trace:
+        print(f"  loss trace: {', '.join(f'{v:.4f}' for v in record.loss_trace)}")
+    if record.startup_seconds is not None:
+        print(f"  submit to first measured step: {record.startup_seconds:.1f} s")
+    if record.error_message:
+        print(f"  {record.error_message}")
+
+
+def _not_built(stage: str, issue: str):
+    def run(args: argparse.Namespace) -> int:
+        raise NotBuiltYetError(f"`infrarsi {stage}` is not built yet ({issue}); "
+                               "`infrarsi init` and `infrarsi trial` work today")
+    return run
+
+
+# ---- parser ---------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="infrarsi",
+        description="Make a PyTorch training job faster without changing what it computes.",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("init", help="lock the task contract (runs the baseline once)")
+    s.add_argument("task", help="task spec YAML, e.g. configs/tasks/cpu_dense.yaml")
+    s.add_argument("--run-dir", help="where contract.json goes (default: the spec's run_dir)")
+    s.add_argument("--local-mode", action="store_true",
+                   help="run the baseline in this process (no Ray workers; for quick checks)")
+    s.set_defaults(func=cmd_init)
+
+    s = sub.add_parser("trial", help="run one trial of one knob setting and print its record")
+    s.add_argument("task", help="task spec YAML")
+    s.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                   help="override a knob of the baseline, e.g. --set micro_batch_size=4 (repeatable)")
+    s.add_argument("--run-dir", help="run directory whose contract checks the trial (default: the spec's)")
+    s.add_argument("--json", action="store_true", help="print the full record as JSON")
+    s.add_argument("--local-mode", action="store_true",
+                   help="run in this process with ScalingConfig(num_workers=0)")
+    s.set_defaults(func=cmd_trial)
+
+    for stage, issue in (("doctor", "the doctor issue"), ("run", "the run-stage issue"),
+                         ("report", "the report issue"), ("apply", "the report/apply issue")):
+        s = sub.add_parser(stage, help=f"{stage} stage (not built yet)")
+        s.add_argument("--run-dir")
+        s.set_defaults(func=_not_built(stage, issue))
+
+    try:
+        from infrarsi.bank._cli import add_bank_subcommands
+    except ImportError:  # the bank is optional at this layer; its absence is not a CLI error
+        pass
+    else:
+        add_bank_subcommands(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or EXIT_OK)
+    except NotBuiltYetError as e:
+        print(f"infrarsi {args.command}: {e}", file=sys.stderr)
+        return EXIT_NOT_BUILT
+    except (FrozenFileChangedError, ContractError) as e:
+        if args.debug:
+            raise
+        print(f"infrarsi {args.command}: {e}", file=sys.stderr)
+        return EXIT_CONTRACT if isinstance(e, FrozenFileChangedError) else EXIT_USAGE
+    except (InfraRSIError, argparse.ArgumentTypeError) as e:
+        if args.debug:
+            raise
+        print(f"infrarsi {args.command}: {e}", file=sys.stderr)
+        sub = parser._subparsers._group_actions[0].choices.get(args.command)  # noqa: SLF001
+        if sub is not None and isinstance(e, ValueError | argparse.ArgumentTypeError):
+            print(file=sys.stderr)
+            sub.print_help(sys.stderr)
+        return EXIT_USAGE if isinstance(e, ValueError | argparse.ArgumentTypeError) else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
