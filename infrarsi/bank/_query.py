@@ -1,0 +1,134 @@
+"""Queries for transfer: nearest experience by signature distance, same workload elsewhere.
+
+Distances use the vectors stored with each workload/hardware row (weights in ``_codec``), so
+a query touches the small signature tables plus an index range of the trial table; it never
+parses trial JSON beyond the ``k`` rows it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import sqlalchemy as sa
+
+from infrarsi.bank import _codec as C
+from infrarsi.bank import _schema as S
+from infrarsi.bank._bank import FINISHED, BankCore
+from infrarsi.bank._types import Neighbour, SignatureMatch
+from infrarsi.trial import HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
+
+
+class QueryMixin(BankCore):
+    def nearest_signatures(
+        self, workload: WorkloadSignature, hardware: HardwareFingerprint | None = None,
+        k: int = 5,
+    ) -> list[SignatureMatch]:
+        """The ``k`` (workload, hardware) pairs with finished trials nearest to the query.
+
+        Distance: Euclidean over the weighted workload vector, plus the weighted hardware
+        vector and a device-name mismatch term when ``hardware`` is given.
+        """
+        def _do(conn: sa.Connection):
+            t = S.trials
+            pairs = conn.execute(
+                sa.select(t.c.workload_key, t.c.hardware_key, sa.func.count())
+                .where(t.c.state == FINISHED).group_by(t.c.workload_key, t.c.hardware_key)
+            ).all()
+            wl = {r.key: r for r in conn.execute(sa.select(S.workloads))}
+            hw = {r.key: r for r in conn.execute(sa.select(S.hardware))}
+            return pairs, wl, hw
+
+        pairs, wl, hw = self._store.tx(_do, write=False)
+        if not pairs:
+            return []
+        qw = np.array(C.weighted(workload.vector(), C.WORKLOAD_WEIGHTS))
+        wvec = np.array([C.loads(wl[p[0]].vector) for p in pairs])
+        d2 = ((wvec - qw) ** 2).sum(axis=1)
+        if hardware is not None:
+            qh = np.array(C.weighted(hardware.vector(), C.HARDWARE_WEIGHTS))
+            hvec = np.array([C.loads(hw[p[1]].vector) for p in pairs])
+            d2 = d2 + ((hvec - qh) ** 2).sum(axis=1)
+            names = np.array([hw[p[1]].device_name != hardware.device_name for p in pairs])
+            d2 = d2 + names * C.DEVICE_NAME_MISMATCH**2
+        order = np.argsort(np.sqrt(d2), kind="stable")[:k]
+        return [
+            SignatureMatch(
+                float(np.sqrt(d2[i])),
+                WorkloadSignature.from_dict(C.loads(wl[pairs[i][0]].signature)),
+                HardwareFingerprint.from_dict(C.loads(hw[pairs[i][1]].fingerprint)),
+                int(pairs[i][2]),
+            )
+            for i in order
+        ]
+
+    def nearest(
+        self, workload: WorkloadSignature, hardware: HardwareFingerprint | None = None,
+        k: int = 20, *, status: TrialStatus | str | Iterable[TrialStatus | str] | None = None,
+    ) -> list[Neighbour]:
+        """The ``k`` most relevant finished trials: nearest signatures first; within one
+        signature, ok trials fastest first, then OOMs (memory boundary), then the rest."""
+        t = S.trials
+        out: list[Neighbour] = []
+        order = [
+            sa.case((t.c.status == "ok", 0), (t.c.status == "oom", 1), else_=2),
+            sa.nulls_last(t.c.tokens_per_s.desc()), sa.nulls_last(t.c.step_time_s.asc()), t.c.id,
+        ]
+        for match in self.nearest_signatures(workload, hardware, k=max(k, 5)):
+            q = (sa.select(t.c.record, t.c.run_id, t.c.origin)
+                 .where(t.c.state == FINISHED,
+                        t.c.workload_key == C.workload_key(match.workload),
+                        t.c.hardware_key == C.hardware_key(match.hardware))
+                 .order_by(*order).limit(k - len(out)))
+            if status is not None:
+                wanted = [status] if isinstance(status, (str, TrialStatus)) else list(status)
+                q = q.where(t.c.status.in_([TrialStatus(s).value for s in wanted]))
+            rows = self._store.tx(lambda c, q=q: c.execute(q).all(), write=False)
+            out.extend(Neighbour(match.distance, TrialRecord.from_dict(C.loads(r.record)),
+                                 r.run_id, r.origin) for r in rows)
+            if len(out) >= k:
+                break
+        return out
+
+    def same_workload_other_hardware(
+        self, workload: WorkloadSignature, hardware: HardwareFingerprint | None = None,
+    ) -> list[tuple[HardwareFingerprint, list[TrialRecord]]]:
+        """Finished trials of this workload's shape (its name ignored) on each hardware other
+        than ``hardware`` (all hardware when None), most trials first."""
+        shape = _shape(workload.to_dict())
+        wl = self._store.tx(
+            lambda c: c.execute(sa.select(S.workloads.c.key, S.workloads.c.signature)).all(),
+            write=False)
+        keys = [k for k, sig in wl if _shape(C.loads(sig)) == shape]
+        if not keys:
+            return []
+        t = S.trials
+        skip = C.hardware_key(hardware) if hardware is not None else None
+        q = (sa.select(t.c.hardware_key, S.hardware.c.fingerprint, t.c.record)
+             .join(S.hardware, S.hardware.c.key == t.c.hardware_key)
+             .where(t.c.state == FINISHED, t.c.workload_key.in_(keys)).order_by(t.c.id))
+        if skip is not None:
+            q = q.where(t.c.hardware_key != skip)
+        groups: dict[str, tuple[HardwareFingerprint, list[TrialRecord]]] = {}
+        for hk, fp, rec in self._store.tx(lambda c: c.execute(q).all(), write=False):
+            if hk not in groups:
+                groups[hk] = (HardwareFingerprint.from_dict(C.loads(fp)), [])
+            groups[hk][1].append(TrialRecord.from_dict(C.loads(rec)))
+        return sorted(groups.values(), key=lambda g: -len(g[1]))
+
+    def stats(self) -> dict[str, object]:
+        """Row counts per table, trials per status and origin, schema version, bank id."""
+        def _do(conn: sa.Connection) -> dict[str, object]:
+            tables = {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
+                      for t in S.LEDGER_TABLES}
+            by_origin = dict(conn.execute(
+                sa.select(S.trials.c.origin, sa.func.count()).group_by(S.trials.c.origin)).all())
+            return {"tables": tables, "trials_by_origin": by_origin}
+
+        out = self._store.tx(_do, write=False)
+        return {"url": self.url, "bank_id": self.bank_id, "schema_version": S.SCHEMA_VERSION,
+                **out, "trials_by_status": self.count_trials()}
+
+
+def _shape(sig: dict) -> dict:
+    return {k: v for k, v in sig.items() if k != "name"}

@@ -1,0 +1,40 @@
+"""Seed experience shipped in experience_db/seed/ (a bank bundle), imported on first use."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from infrarsi.bank import _bundle
+from infrarsi.bank import _schema as S
+from infrarsi.bank._engine import insert_ignore, project_root
+
+log = logging.getLogger(__name__)
+
+
+def seed_dir() -> Path:
+    return project_root() / "experience_db" / "seed"
+
+
+def ensure_seed(bank: Any, path: Path | None = None) -> bool:
+    """Import the seed bundle once per bank (marked in bank_meta); True if imported now."""
+    path = path or seed_dir()
+    if not (path / _bundle.MANIFEST).is_file():
+        return False
+    manifest = _bundle.read_bundle(path)[0]
+    marker = f"seed:{manifest['checksum'][:32]}"
+    store = bank._store
+    done = store.tx(lambda c: c.execute(
+        sa.select(S.bank_meta.c.value).where(S.bank_meta.c.key == marker)).scalar(), write=False)
+    if done is not None:
+        return False
+    summary = bank.import_bundle(path)
+    store.tx(lambda c: c.execute(insert_ignore(store.engine, S.bank_meta),
+                                 {"key": marker, "value": repr(time.time())}))
+    log.info("bank: imported seed experience from %s: %s", path,
+             {k: v["inserted"] for k, v in summary.items() if v["inserted"]})
+    return True
