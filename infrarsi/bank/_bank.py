@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from infrarsi.bank import _codec as C
 from infrarsi.bank import _schema as S
-from infrarsi.bank._engine import Store, default_url, insert_ignore
+from infrarsi.bank._engine import Store, default_url, insert_ignore, insert_new
 from infrarsi.bank._types import RunInfo
 from infrarsi.errors import BankError
 from infrarsi.trial import (
@@ -296,8 +296,7 @@ class BankCore:
 
     def _write_trial(self, conn: sa.Connection, row: dict[str, Any]) -> str:
         t = S.trials
-        res = conn.execute(insert_ignore(self._store.engine, t), row)
-        if res.rowcount == 1:
+        if insert_new(conn, t, row):
             return "inserted"
         finish = {k: v for k, v in row.items() if k not in ("uid", "opened_at", "origin", "bank_id")}
         res = conn.execute(sa.update(t).where(t.c.uid == row["uid"], t.c.state == OPEN).values(**finish))
@@ -390,8 +389,7 @@ class BankCore:
     ) -> dict[str, int]:
         """Trial counts by status ("ok", "oom", "error", "rejected", "open") and "total"."""
         t = S.trials
-        q = sa.select(sa.func.coalesce(t.c.status, OPEN), sa.func.count()).group_by(
-            sa.func.coalesce(t.c.status, OPEN))
+        q = sa.select(t.c.status, sa.func.count()).group_by(t.c.status)
         if run_id is not None:
             q = q.where(t.c.run_id == run_id)
         if workload is not None:
@@ -399,7 +397,8 @@ class BankCore:
         if hardware is not None:
             q = q.where(t.c.hardware_key == C.hardware_key(hardware))
         counts = {s.value: 0 for s in TrialStatus} | {OPEN: 0}
-        counts.update(self._store.tx(lambda c: dict(c.execute(q).all()), write=False))
+        for status, n in self._store.tx(lambda c: c.execute(q).all(), write=False):
+            counts[status or OPEN] += n
         counts["total"] = sum(counts.values())
         return counts
 

@@ -103,6 +103,16 @@ def insert_ignore(engine: sa.Engine, table: sa.Table):
     return dialect.insert(table).on_conflict_do_nothing()
 
 
+def insert_new(conn: sa.Connection, table: sa.Table, row: dict, key: str = "uid") -> bool:
+    """Insert ``row`` unless its key exists; True if this call inserted it.
+
+    Uses RETURNING rather than rowcount: psycopg reports rowcount -1 for these inserts.
+    """
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(table).on_conflict_do_nothing().returning(table.c[key])
+    return conn.execute(stmt, row).first() is not None
+
+
 def _transient(exc: BaseException, dialect: str) -> bool:
     if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
         return True

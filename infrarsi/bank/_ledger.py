@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from infrarsi.bank import _codec as C
 from infrarsi.bank import _schema as S
 from infrarsi.bank._bank import BankCore
-from infrarsi.bank._engine import insert_ignore
+from infrarsi.bank._engine import insert_new
 from infrarsi.bank._types import BaselineEntry, Finding, PatchEntry, Promotion
 from infrarsi.errors import BankError
 from infrarsi.trial import HardwareFingerprint, WorkloadSignature
@@ -32,8 +32,7 @@ class LedgerMixin(BankCore):
             for k in ("workload_key", "hardware_key"):
                 if k in table.c and k not in row:
                     row[k] = run._mapping[k]
-            res = conn.execute(insert_ignore(self._store.engine, table), row)
-            if res.rowcount == 1:
+            if insert_new(conn, table, row):
                 return True
             cols = [table.c[c] for c in compare]
             old = conn.execute(sa.select(*cols).where(table.c.uid == row["uid"])).one()
@@ -183,10 +182,9 @@ class LedgerMixin(BankCore):
 
         def _do(conn: sa.Connection) -> None:
             self._require_run(conn, run_id)
-            res = conn.execute(insert_ignore(self._store.engine, s), {
-                "uid": uid, "run_id": run_id, "key": key, "state": text,
-                "updated_at": time.time(), "origin": "local", "bank_id": self.bank_id})
-            if res.rowcount != 1:
+            if not insert_new(conn, s, {
+                    "uid": uid, "run_id": run_id, "key": key, "state": text,
+                    "updated_at": time.time(), "origin": "local", "bank_id": self.bank_id}):
                 conn.execute(sa.update(s).where(s.c.uid == uid).values(
                     state=text, updated_at=time.time()))
 
