@@ -1,0 +1,143 @@
+"""The real torch mechanism behind each launch knob (see ``infrarsi.workloads.knobs``).
+
+Order of application, as torchtitan does it: activation checkpointing on the blocks, then
+``torch.compile`` per block, then the data-parallel wrapper (DDP or FSDP2) around the model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = [
+    "CompileFailure",
+    "apply_activation_checkpointing",
+    "apply_compile",
+    "autocast_context",
+    "build_optimizer",
+    "set_compile_cache",
+    "wrap_data_parallel",
+]
+
+LEARNING_RATE = 1e-3
+BETAS = (0.9, 0.95)
+WEIGHT_DECAY = 0.1
+
+
+class CompileFailure(RuntimeError):
+    """``torch.compile`` failed (tracing, lowering or the C++/Triton build); a compile error."""
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
+    """Wrap every block ("full") or every second block ("selective") with non-reentrant
+    ``checkpoint_wrapper``; "none" leaves the blocks alone."""
+    if mode == "none":
+        return
+    if mode not in ("selective", "full"):
+        raise ValueError(f"activation_checkpointing {mode!r} must be none, selective or full")
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+
+    for i, block in enumerate(model.layers):
+        if mode == "full" or i % 2 == 0:
+            model.layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def set_compile_cache() -> str:
+    """Share one inductor cache between trials (cold CPU compile ~70 s, warm ~5 s)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "infrarsi" / "inductor"
+    return os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default))
+
+
+def apply_compile(model: nn.Module, mode: str) -> None:
+    """``torch.compile(block, mode=mode)`` on every block; "off" runs eagerly."""
+    if mode == "off":
+        return
+    set_compile_cache()
+    for i, block in enumerate(model.layers):
+        model.layers[i] = torch.compile(block, mode=mode)
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    """True when ``exc`` came out of dynamo/inductor (not an OOM raised by a compiled kernel)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return False
+    if isinstance(exc, torch._dynamo.exc.TorchDynamoException):
+        return True
+    tb = exc.__traceback__
+    while tb is not None:
+        fname = tb.tb_frame.f_code.co_filename
+        if any(k in fname for k in ("torch/_dynamo", "torch/_inductor", "torch/_functorch")):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def wrap_data_parallel(model: nn.Module, config: Mapping[str, Any], device: torch.device,
+                       ignore: Iterable[nn.Parameter] = ()) -> nn.Module:
+    """DDP (more than one rank) or FSDP2 ``fully_shard`` per block + root (when distributed)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return model
+    world = dist.get_world_size()
+    if config["data_parallel"] == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (world,))
+        raf = bool(config["reshard_after_forward"])
+        for block in model.layers:
+            fully_shard(block, mesh=mesh, reshard_after_forward=raf)
+        fully_shard(model, mesh=mesh, reshard_after_forward=raf)
+        return model
+    if world == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ignore_ids = {id(p) for p in ignore}
+    names = [n for n, p in model.named_parameters() if id(p) in ignore_ids]
+    if names:
+        # Expert-parallel parameters are owned by one rank: DDP must not average them.
+        DDP._set_params_and_buffers_to_ignore_for_model(model, names)
+    return DDP(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=config["bucket_cap_mb"],
+        gradient_as_bucket_view=bool(config["gradient_as_bucket_view"]),
+    )
+
+
+def no_sync_context(model: nn.Module, last_micro_batch: bool):
+    """Skip DDP's all-reduce on all but the last micro-batch of an accumulation."""
+    if last_micro_batch or not hasattr(model, "no_sync"):
+        return nullcontext()
+    return model.no_sync()
+
+
+def autocast_context(precision: str, device: torch.device):
+    if precision == "fp32":
+        return nullcontext()
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    raise ValueError(f"precision {precision!r} must be fp32 or bf16")
+
+
+def build_optimizer(model: nn.Module, impl: str) -> torch.optim.Optimizer:
+    """AdamW with fp32 master weights; for_loop / foreach / fused implementation."""
+    kwargs = {"for_loop": {"foreach": False}, "foreach": {"foreach": True},
+              "fused": {"fused": True}}.get(impl)
+    if kwargs is None:
+        raise ValueError(f"optimizer_impl {impl!r} must be for_loop, foreach or fused")
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": WEIGHT_DECAY},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=LEARNING_RATE, betas=BETAS, **kwargs)

@@ -1,0 +1,190 @@
+"""The per-worker train function: one trial's training run on one rank.
+
+Runs inside a Ray Train worker (``torch.distributed`` already initialized: gloo on CPU, nccl on
+CUDA) or in a plain process (world size 1). The harness owns the work (data, loss, optimizer
+steps), the clock and the memory measurement; the user's workspace only builds the model.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from infrarsi.contract.spec import TaskSpec
+from infrarsi.errors import IllegalConfigError
+from infrarsi.harness import mechanisms as mech
+from infrarsi.harness._workspace import load_entry
+from infrarsi.harness.clock import StepClock
+from infrarsi.harness.data import global_batch, micro_batches
+from infrarsi.harness.loss import training_loss
+from infrarsi.harness.memory import CpuMemoryMeter, raise_if_over_capacity
+from infrarsi.harness.stats import count_stats, shape_dict
+from infrarsi.workloads.knobs import derived
+
+
+def _dist_info() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _device(spec: TaskSpec) -> torch.device:
+    if spec.hardware.device != "cuda":
+        return torch.device("cpu")
+    try:
+        from ray.train.torch import get_device
+
+        device = get_device()
+    except Exception:  # not in a Ray Train worker
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    return device
+
+
+class _Run:
+    """Everything one rank needs for its optimizer steps."""
+
+    def __init__(self, spec: TaskSpec, config: dict[str, Any], device: torch.device) -> None:
+        self.spec, self.config, self.device = spec, config, device
+        self.rank, self.world = _dist_info()
+        wl = spec.workload
+        self.accum = derived(config, wl.global_batch_size)["gradient_accumulation_steps"]
+        self.aux_weight = float(wl.shape.aux_loss_weight)
+        self.model = self.optimizer = None
+        self.expert_params: list[torch.nn.Parameter] = []
+
+    def build(self, entry) -> dict[str, float]:
+        cfg = self.config
+        ep = int(cfg.get("expert_parallel_degree", 1))
+        shape = shape_dict(self.spec)
+        group = dist.group.WORLD if dist.is_initialized() else None
+        parallel = {"rank": self.rank, "world_size": self.world,
+                    "expert_parallel_degree": ep, "group": group}
+        torch.manual_seed(self.spec.loss_reference.seed)
+        with self.device:
+            model = entry.build_model(shape, parallel)
+        stats = count_stats(model, shape, ep)
+        if ep > 1:
+            self.expert_params = list(model.expert_parameters())
+        mech.apply_activation_checkpointing(model, cfg["activation_checkpointing"])
+        mech.apply_compile(model, cfg["compile"])
+        self.model = mech.wrap_data_parallel(model, cfg, self.device, self.expert_params)
+        self.optimizer = mech.build_optimizer(self.model, cfg["optimizer_impl"])
+        return stats
+
+    def step(self, index: int) -> torch.Tensor:
+        """One optimizer step over this rank's share of the locked global batch."""
+        wl, cfg = self.spec.workload, self.config
+        batch = global_batch(self.spec.loss_reference.seed, index, wl.global_batch_size,
+                             wl.seq_len, wl.shape.vocab_size)
+        micro = list(micro_batches(batch, self.rank, self.world, cfg["micro_batch_size"]))
+        total = torch.zeros((), device=self.device)
+        for i, (inputs, targets) in enumerate(micro):
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            with mech.no_sync_context(self.model, i == len(micro) - 1):
+                with mech.autocast_context(cfg["precision"], self.device):
+                    logits, aux = self.model(inputs)
+                loss = training_loss(logits, targets, aux, self.aux_weight) / self.accum
+                loss.backward()
+            total += loss.detach()
+        for p in self.expert_params:
+            # Owned by one rank, fed by every rank's tokens: average like DDP would.
+            if p.grad is not None:
+                p.grad.div_(self.world)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+
+def _check_world(config: dict[str, Any], world: int) -> None:
+    if config["num_workers"] != world:
+        raise IllegalConfigError(
+            f"config num_workers={config['num_workers']} but this job has {world} rank(s); "
+            "launch it with ScalingConfig(num_workers=config['num_workers'])"
+        )
+
+
+def train_worker(payload: dict[str, Any]) -> dict[str, Any]:
+    """Run one trial's training on this rank and return its measurements (a plain dict).
+
+    ``payload``: ``task`` (TaskSpec.to_dict()), ``config`` (a normalized knob config),
+    ``workspace`` (absolute path of the user's workspace copy), ``capacity_bytes`` (emulated
+    per-worker memory on CPU, None on CUDA).
+
+    Returns ``rank``, ``world_size``, ``step_times_s`` (measured steps; barrier-synchronized),
+    ``loss_trace`` (global mean loss of every step), ``peak_memory_bytes`` (this rank),
+    ``phase_times_s``, ``tokens_per_step``, ``t_first_measured_step`` (``time.time()``),
+    ``num_params``, ``flops_per_token``.
+
+    Raises ``torch.OutOfMemoryError`` (real on CUDA, emulated on CPU: the message never gives
+    the true peak), ``CompileFailure`` when torch.compile fails, ``IllegalConfigError`` when
+    ``num_workers`` does not match the job's world size.
+    """
+    spec = TaskSpec.from_dict(payload["task"])
+    config = dict(payload["config"])
+    capacity = payload.get("capacity_bytes")
+    torch.set_num_threads(int(config["num_threads"]))
+    rank, world = _dist_info()
+    _check_world(config, world)
+    device = _device(spec)
+    timing, ref = spec.timing, spec.loss_reference
+    total_steps = max(timing.warmup_steps + timing.measured_steps, ref.steps)
+
+    meter = CpuMemoryMeter() if device.type == "cpu" else None
+    run = _Run(spec, config, device)
+    losses: list[torch.Tensor] = []
+    clock = StepClock(device)
+    with load_entry(payload["workspace"], spec.workload.entry) as entry:
+        if meter:
+            meter.start()
+        stats = run.build(entry)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        try:
+            for s in range(timing.warmup_steps):
+                with meter.step(s) if meter else _null():
+                    losses.append(run.step(s))
+        except Exception as e:
+            if config["compile"] != "off" and mech.is_compile_error(e):
+                raise mech.CompileFailure(
+                    f"torch.compile(mode={config['compile']!r}) failed: {type(e).__name__}: "
+                    f"{str(e)[:2000]}"
+                ) from None
+            raise
+        peak = meter.stop() if meter else None
+        if meter:
+            raise_if_over_capacity(peak, capacity)
+        clock.mark()
+        for s in range(timing.warmup_steps, total_steps):
+            losses.append(run.step(s))
+            if s < timing.warmup_steps + timing.measured_steps:
+                clock.mark()
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+    trace = torch.stack(losses).float()
+    if world > 1:
+        dist.all_reduce(trace)
+        trace /= world
+    return {
+        "rank": rank,
+        "world_size": world,
+        "step_times_s": clock.durations(),
+        "loss_trace": [float(x) for x in trace.cpu()],
+        "peak_memory_bytes": int(peak),
+        "phase_times_s": {},
+        "tokens_per_step": spec.workload.tokens_per_step,
+        "t_first_measured_step": clock.wall_marks[0],
+        "num_params": int(stats["num_params"]),
+        "flops_per_token": float(stats["flops_per_token"]),
+    }
+
+
+def _null():
+    from contextlib import nullcontext
+
+    return nullcontext()
+

@@ -1,0 +1,1 @@
+"""Model code of the reference workspace (a user's training code)."""
