@@ -51,7 +51,7 @@ def make_url(backend: str, tmp_path) -> tuple[str, object]:
     if not base:
         pytest.skip(f"PostgreSQL cases need {PG_ENV}; run under scripts/with_postgres.sh")
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    engine = sa.create_engine(base)
+    engine = sa.create_engine(base, pool_pre_ping=True)
     with engine.begin() as c:
         c.execute(sa.text(f"CREATE SCHEMA {schema}"))
     sep = "&" if "?" in base else "?"

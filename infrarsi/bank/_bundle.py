@@ -241,7 +241,7 @@ def _merge_table(store: Store, conn: sa.Connection, table: sa.Table,
         old = existing.get(r[key])
         if old is None:
             continue
-        if _updatable(table, old) and old._mapping.get("state", "finished") == "open":
+        if table is S.trials and old.state == "open":  # a local open trial, finished there
             conn.execute(sa.update(table).where(table.c[key] == r[key]).values(**r))
             counts["updated"] += 1
         elif all(old._mapping[c] == r[c] for c in content):
@@ -255,16 +255,11 @@ def _merge_table(store: Store, conn: sa.Connection, table: sa.Table,
             raise BankError(
                 f"bundle {path}: {table.name} row {r[key]!r} conflicts with the row already in "
                 f"this bank (columns {', '.join(content)} differ); nothing was imported")
+    _check_references(conn, table, fresh, path)
     for i in range(0, len(fresh), 5000):
         conn.execute(insert_ignore(store.engine, table), fresh[i:i + 5000])
     counts["inserted"] = len(fresh)
-    if table is S.trials or table is S.baselines or table is S.runs:
-        _check_references(conn, table, rows, path)
     return counts
-
-
-def _updatable(table: sa.Table, old: sa.Row) -> bool:
-    return table is S.trials  # an open local trial may be finished by an imported record
 
 
 def _check_references(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]],
@@ -272,7 +267,7 @@ def _check_references(conn: sa.Connection, table: sa.Table, rows: list[dict[str,
     refs = {("run_id", S.runs, "run_id"), ("workload_key", S.workloads, "key"),
             ("hardware_key", S.hardware, "key")}
     for col, parent, pcol in refs:
-        if col not in table.c:
+        if col not in table.c or table.c[col].primary_key:
             continue
         wanted = sorted({r[col] for r in rows})
         have: set[str] = set()
