@@ -1,0 +1,34 @@
+"""Learned cost models: one feature encoding, a step-time model, a censored peak-memory model.
+
+``FeatureEncoder`` turns (config, workload, hardware) into features; ``StepTimeModel``
+predicts log step time with a calibrated std; ``PeakMemoryModel`` fits peak memory with OOM
+trials right-censored at capacity and gives quantiles, P(OOM) and memory prices; ``KnobPrior``
+and ``revise_priors`` carry proposer/bank priors in and miscalibration records out.
+"""
+
+from __future__ import annotations
+
+from infrarsi.models.encoding import Column, FeatureEncoder
+from infrarsi.models.peak_memory import PeakMemoryModel
+from infrarsi.models.priors import (
+    MEMORY_MONOTONE,
+    KnobPrior,
+    PriorRevision,
+    coef_prior,
+    monotone_signs,
+    revise_priors,
+)
+from infrarsi.models.step_time import StepTimeModel
+
+__all__ = [
+    "MEMORY_MONOTONE",
+    "Column",
+    "FeatureEncoder",
+    "KnobPrior",
+    "PeakMemoryModel",
+    "PriorRevision",
+    "StepTimeModel",
+    "coef_prior",
+    "monotone_signs",
+    "revise_priors",
+]

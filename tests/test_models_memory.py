@@ -1,0 +1,209 @@
+"""PeakMemoryModel: censored AFT recovers known parameters; dropping/imputing OOMs is biased."""
+
+from __future__ import annotations
+
+import lifelines
+import numpy as np
+import pytest
+from lifelines.exceptions import ConvergenceError
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from infrarsi.errors import ModelFallbackWarning
+from infrarsi.models import FeatureEncoder, KnobPrior, PeakMemoryModel
+from infrarsi.space import Knob, SearchSpace
+
+TRUE_B0, TRUE_B, TRUE_SIGMA, CAP = 3.0, np.array([0.6, -0.4, 0.2]), 0.3, float(np.exp(3.25))
+
+
+def simulate(n: int, seed: int = 0, dist: str = "lognormal"):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    mu = TRUE_B0 + X @ TRUE_B
+    if dist == "lognormal":
+        log_peak = mu + TRUE_SIGMA * rng.normal(size=n)
+    else:  # Weibull AFT with rho = 1 / TRUE_SIGMA: log T = mu + Gumbel_min / rho
+        log_peak = mu + TRUE_SIGMA * np.log(rng.exponential(size=n))
+    observed = log_peak < np.log(CAP)
+    return X, np.where(observed, np.exp(log_peak), CAP), observed
+
+
+def weak() -> dict:
+    return {"default_prior_std": 10.0, "monotone": None}
+
+
+def test_censored_fit_recovers_known_parameters():
+    X, mem, obs = simulate(600)
+    assert 0.3 < 1 - obs.mean() < 0.6  # a real censoring fraction
+    m = PeakMemoryModel(distribution="lognormal", **weak()).fit(X, mem, obs)
+    np.testing.assert_allclose(m.coef_, TRUE_B, atol=0.06)
+    assert abs(m.log_scale_ + m.intercept_ - TRUE_B0) < 0.06
+    assert abs(m.shape_ - TRUE_SIGMA) < 0.04
+    assert not m.fallen_back_
+
+
+def test_auto_picks_weibull_for_weibull_data():
+    X, mem, obs = simulate(600, seed=1, dist="weibull")
+    m = PeakMemoryModel(distribution="auto", **weak()).fit(X, mem, obs)
+    assert m.dist_ == "weibull", m.aic_
+    np.testing.assert_allclose(m.coef_, TRUE_B, atol=0.08)
+    assert abs(m.shape_ - 1 / TRUE_SIGMA) < 0.5
+
+
+def _median_error_on_heavy_configs(model, X, truth_mu):
+    """Error of log median peak where it matters: configs whose true peak is near capacity."""
+    heavy = truth_mu > np.log(CAP) - 0.3
+    return float(np.mean(np.log(model.predict(X[heavy])) - truth_mu[heavy]))
+
+
+def test_dropping_or_imputing_ooms_is_biased_censoring_is_not():
+    X, mem, obs = simulate(600, seed=2)
+    truth_mu = TRUE_B0 + X @ TRUE_B + 0.0  # log median of a log-normal = mu
+    censored = PeakMemoryModel(distribution="lognormal", **weak()).fit(X, mem, obs)
+    dropped = PeakMemoryModel(distribution="lognormal", **weak()).fit(X[obs], mem[obs])
+    imputed = PeakMemoryModel(distribution="lognormal", **weak()).fit(X, mem)  # all "observed"
+    tol = 0.08
+    err = {name: _median_error_on_heavy_configs(mod, X, truth_mu)
+           for name, mod in [("censored", censored), ("dropped", dropped), ("imputed", imputed)]}
+    assert abs(err["censored"]) < tol, err
+    # The wrong models fail the very same check, in the direction physics predicts: they
+    # under-estimate the peak of exactly the configs that run out of memory.
+    assert err["dropped"] < -tol, err
+    assert err["imputed"] < -tol, err
+    # and the censored model's P(OOM) is better calibrated on fresh data
+    Xt, memt, obst = simulate(2000, seed=3)
+    brier = {n: float(np.mean((mod.p_oom(Xt, CAP) - ~obst) ** 2))
+             for n, mod in [("censored", censored), ("dropped", dropped), ("imputed", imputed)]}
+    assert brier["censored"] < min(brier["dropped"], brier["imputed"]), brier
+
+
+def test_structured_y_like_scikit_survival():
+    X, mem, obs = simulate(200, seed=4)
+    y = np.array(list(zip(obs, mem, strict=True)), dtype=[("event", bool), ("time", float)])
+    a = PeakMemoryModel(distribution="lognormal", **weak()).fit(X, y)
+    b = PeakMemoryModel(distribution="lognormal", **weak()).fit(X, mem, obs)
+    np.testing.assert_allclose(a.coef_, b.coef_)
+
+
+def test_quantiles_and_p_oom_shapes_and_order():
+    X, mem, obs = simulate(200, seed=5)
+    m = PeakMemoryModel(capacity=CAP).fit(X, mem, obs)
+    q = m.predict_quantiles(X[:7], [0.1, 0.5, 0.9])
+    assert q.shape == (7, 3) and np.all(np.diff(q, axis=1) > 0)
+    p = m.p_oom(np.tile(X, (50, 1)))
+    assert p.shape == (10000,) and np.all((p >= 0) & (p <= 1))
+    # p_oom falls as capacity grows
+    assert np.all(m.p_oom(X, CAP * 2) <= m.p_oom(X, CAP) + 1e-12)
+
+
+def test_unfitted_raises_and_clone_works():
+    m = PeakMemoryModel(distribution="weibull", capacity=3.0)
+    with pytest.raises(NotFittedError):
+        m.p_oom(np.zeros((1, 3)))
+    assert clone(m).get_params()["distribution"] == "weibull"
+
+
+# ---- degenerate inputs fall back to the priors ----------------------------------------------
+
+def test_all_oom_falls_back_with_warning():
+    X, _, _ = simulate(20, seed=6)
+    with pytest.warns(ModelFallbackWarning, match="no trial with an observed peak"):
+        m = PeakMemoryModel().fit(X, np.full(20, CAP), np.zeros(20, bool))
+    assert m.fallen_back_
+    assert np.all(m.p_oom(X, CAP) > 0.5)  # everything it saw was over capacity
+
+
+def test_no_rows_falls_back():
+    with pytest.warns(ModelFallbackWarning):
+        m = PeakMemoryModel(capacity=80.0).fit(np.zeros((0, 3)), np.zeros(0), np.zeros(0, bool))
+    assert np.isfinite(m.p_oom(np.zeros((2, 3)))).all()
+
+
+def test_nan_rows_dropped_with_warning_and_constant_feature_kept_at_prior():
+    X, mem, obs = simulate(300, seed=7)
+    X = np.hstack([X, np.full((300, 1), 5.0)])  # a constant feature (e.g. one workload)
+    X[0, 0] = np.nan
+    with pytest.warns(ModelFallbackWarning, match="dropped 1 of 300"):
+        m = PeakMemoryModel(distribution="lognormal", prior_mean=[0, 0, 0, 0.25],
+                            default_prior_std=10.0).fit(X, mem, obs)
+    assert m.coef_[3] == 0.25 and not m.fallen_back_
+    np.testing.assert_allclose(m.coef_[:3], TRUE_B, atol=0.1)
+    # the constant column did not shift predictions at its own value
+    X2 = X[1:5].copy()
+    assert np.allclose(np.log(m.predict(X2)), np.log(m.predict(X2)))
+
+
+def test_lifelines_convergence_error_falls_back(monkeypatch):
+    X, mem, obs = simulate(50, seed=8)
+
+    def boom(self, *a, **k):
+        raise ConvergenceError("Fitting did not converge.")
+
+    monkeypatch.setattr(lifelines.LogNormalAFTFitter, "fit", boom)
+    monkeypatch.setattr(lifelines.WeibullAFTFitter, "fit", boom)
+    with pytest.warns(ModelFallbackWarning, match="ConvergenceError"):
+        m = PeakMemoryModel().fit(X, mem, obs)
+    assert m.fallen_back_ and np.isfinite(m.predict(X)).all()
+
+
+# ---- prices and physics ------------------------------------------------------------------------
+
+def _space() -> SearchSpace:
+    return SearchSpace((
+        Knob("micro_batch_size", (1, 2, 4, 8), 1, "ordinal"),
+        Knob("activation_checkpointing", ("none", "selective", "full"), "none", "categorical"),
+        Knob("fused_norm_patch", (False, True), False, "bool"),
+    ))
+
+
+def _memory_trials(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    space = _space()
+    enc = FeatureEncoder(space, workload_keys=False, hardware_keys=False).fit()
+    cfgs = [{"micro_batch_size": int(rng.choice([1, 2, 4, 8])),
+             "activation_checkpointing": str(rng.choice(["none", "selective", "full"])),
+             "fused_norm_patch": bool(rng.integers(2))} for _ in range(n)]
+    X = enc.transform(cfgs)
+    ck = {"none": 0.0, "selective": -0.3, "full": -0.7}
+    logm = (np.log(20.0) + 0.5 * X[:, 0] + np.array([ck[c["activation_checkpointing"]] for c in cfgs])
+            + 0.15 * rng.normal(size=n))
+    cap = 60.0
+    obs = logm < np.log(cap)
+    return enc, X, np.where(obs, np.exp(logm), cap), obs
+
+
+def test_memory_prices_signs_and_monotone_in_setting():
+    enc, X, mem, obs = _memory_trials(120, seed=9)
+    assert (~obs).any()
+    m = PeakMemoryModel.from_priors(enc).fit(X, mem, obs)
+    t = m.memory_prices().set_index(["knob", "setting"])
+    mbs = [t.loc[("micro_batch_size", v), "effect"] for v in (2, 4, 8)]
+    assert 1 < mbs[0] < mbs[1] < mbs[2]
+    assert abs(np.log(mbs[0]) - 0.5) < 0.1
+    assert t.loc[("activation_checkpointing", "full"), "effect"] < t.loc[
+        ("activation_checkpointing", "selective"), "effect"] < 1
+    row = t.loc[("micro_batch_size", 8)]
+    assert row["ci_low"] < row["effect"] < row["ci_high"] and row["n"] > 0
+    assert set(t["source"]) == {"fit"}
+
+
+def test_physics_soft_constraint_keeps_bigger_micro_batch_from_using_less():
+    # Three noisy trials where micro-batch 2 happened to read lower than 1.
+    enc = FeatureEncoder(_space(), workload_keys=False, hardware_keys=False).fit()
+    cfgs = [{"micro_batch_size": 1}, {"micro_batch_size": 2}, {"micro_batch_size": 1}]
+    X = enc.transform(cfgs)
+    mem = np.array([21.0, 18.0, 20.0])
+    free = PeakMemoryModel(distribution="lognormal", encoder=enc).fit(X, mem)
+    phys = PeakMemoryModel.from_priors(enc, distribution="lognormal").fit(X, mem)
+    assert free.coef_[0] < -0.05
+    assert phys.coef_[0] > -0.01
+
+
+def test_memory_prior_pulls_with_few_trials_and_yields_to_many():
+    enc, X, mem, obs = _memory_trials(400, seed=10)
+    prior = [KnobPrior("fused_norm_patch", True, log_mem_effect=-0.4, log_mem_std=0.1)]
+    j = list(enc.feature_names_out_).index("fused_norm_patch")  # truth: 0 effect
+    few = PeakMemoryModel.from_priors(enc, prior, distribution="lognormal").fit(X[:6], mem[:6], obs[:6])
+    many = PeakMemoryModel.from_priors(enc, prior, distribution="lognormal").fit(X, mem, obs)
+    assert few.coef_[j] < -0.15  # Bayes: ~(-0.4 * 100 + 0 * 66) / 166 from 6 rows
+    assert abs(many.coef_[j]) < 0.06
