@@ -1,0 +1,189 @@
+"""Feature encoding, StepTimeModel calibration and priors, prior revision records."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from infrarsi.errors import ModelFallbackWarning
+from infrarsi.models import (
+    FeatureEncoder,
+    KnobPrior,
+    PeakMemoryModel,
+    StepTimeModel,
+    coef_prior,
+    revise_priors,
+)
+from infrarsi.space import Knob, SearchSpace
+from infrarsi.trial import HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
+
+WL = WorkloadSignature("dense", 1_000_000, 4, 128, 4, 256, 32, name="tiny")
+HW = HardwareFingerprint("cpu", 8 * 2**30, 2)
+
+
+def space() -> SearchSpace:
+    return SearchSpace((
+        Knob("micro_batch_size", (1, 2, 4, 8), 2, "ordinal"),
+        Knob("activation_checkpointing", ("none", "selective", "full"), "none", "categorical"),
+        Knob("zero", (0, 1), 0, "ordinal"),
+        Knob("bucket_cap_mb", (5, 25), 25, "ordinal",
+             active_if=lambda c: c.get("activation_checkpointing") == "none"),
+        Knob("fused_patch", (False, True), False, "bool"),
+    ))
+
+
+# ---- encoding --------------------------------------------------------------------------------
+
+def test_encoder_columns_follow_knob_declarations():
+    enc = FeatureEncoder(space()).fit()
+    names = list(enc.feature_names_out_)
+    assert names[:7] == ["log2_micro_batch_size", "activation_checkpointing=selective",
+                         "activation_checkpointing=full", "zero", "log2_bucket_cap_mb",
+                         "fused_patch", "wl_moe"][:7]
+    X = enc.transform([{"micro_batch_size": 8, "activation_checkpointing": "full", "zero": 1,
+                        "bucket_cap_mb": 5, "fused_patch": True}], WL, HW)
+    assert X.shape == (1, enc.n_features_out_)
+    assert X[0, 0] == 2.0  # log2(8 / 2): centred on the default
+    assert X[0, 1] == 0.0 and X[0, 2] == 1.0
+    assert X[0, 3] == 1.0
+    assert X[0, 4] == 0.0  # inactive under checkpointing -> read at its default
+    assert X[0, 5] == 1.0
+    np.testing.assert_allclose(X[0, 6:15], WL.vector())
+    np.testing.assert_allclose(X[0, 15:], HW.vector())
+    # the default config encodes to zeros in every knob column
+    assert not enc.transform([{}], WL, HW)[0, :6].any()
+
+
+def test_encoder_unfitted_and_records_path():
+    enc = FeatureEncoder(space())
+    with pytest.raises(NotFittedError):
+        enc.transform([{}])
+    enc.fit()
+    recs = [
+        TrialRecord("a", {"micro_batch_size": 4}, TrialStatus.OK, "table", WL, HW,
+                    step_times_s=(0.5, 0.6, 0.5), peak_memory_bytes=(3 * 2**30, 2**30)),
+        TrialRecord("b", {"micro_batch_size": 8}, TrialStatus.OOM, "table", WL, HW,
+                    memory_capacity_bytes=8 * 2**30, memory_censor_bytes=8 * 2**30),
+    ]
+    X, y = enc.time_dataset(recs)
+    assert X.shape[0] == 1 and y[0] == pytest.approx(math.log(0.5))
+    Xm, mem, obs = enc.memory_dataset(recs)
+    assert list(obs) == [True, False] and mem[1] == 8 * 2**30 and Xm[1, 0] == 2.0
+    # no workload given -> NaN columns, which the models read as the prior's reference (0)
+    assert np.isnan(enc.transform([{}])[0, -1])
+
+
+def test_setting_delta_and_coef_prior():
+    enc = FeatureEncoder(space(), workload_keys=False, hardware_keys=False).fit()
+    np.testing.assert_allclose(enc.setting_delta("micro_batch_size", 8)[:1], [2.0])
+    priors = [KnobPrior("micro_batch_size", 8, log_time_effect=-0.2, log_time_std=0.1),
+              KnobPrior("micro_batch_size", 4, log_time_effect=-0.1, log_time_std=0.1),
+              KnobPrior("activation_checkpointing", "full", log_time_effect=0.3)]
+    m, s = coef_prior(enc, priors, "time")
+    assert m[0] == pytest.approx(-0.1)  # both say -0.1 per doubling
+    assert s[0] < 0.1  # two consistent priors: tighter than each
+    assert m[2] == pytest.approx(0.3) and s[3] == 1.0
+
+
+# ---- step time -------------------------------------------------------------------------------
+
+def synthetic(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, size=(n, 4))
+    f = 0.5 + X @ np.array([0.4, -0.3, 0.1, 0.0]) + 0.3 * np.sin(2 * X[:, 0]) * X[:, 1]
+    return X, f + 0.05 * rng.normal(size=n)
+
+
+@pytest.mark.parametrize("residual", ["gp", "none"])
+def test_step_time_80pct_interval_is_calibrated(residual):
+    X, y = synthetic(150, 0)
+    Xt, yt = synthetic(600, 1)
+    m = StepTimeModel(residual=residual).fit(X, y)
+    mu, sd = m.predict(Xt, return_std=True)
+    cover = float(np.mean(np.abs(yt - mu) <= 1.2816 * sd))
+    assert 0.7 <= cover <= 0.92, cover
+    if residual == "gp":  # the residual earns its keep
+        lin = StepTimeModel(residual="none").fit(X, y).predict(Xt)
+        assert np.mean((mu - yt) ** 2) < 0.5 * np.mean((lin - yt) ** 2)
+
+
+def test_step_time_prior_moves_with_few_and_yields_to_many():
+    enc = FeatureEncoder(space(), workload_keys=False, hardware_keys=False).fit()
+    wrong = [KnobPrior("fused_patch", True, log_time_effect=-0.5, log_time_std=0.1, source="llm")]
+    rng = np.random.default_rng(3)
+
+    def data(n):
+        cfgs = [{"micro_batch_size": int(rng.choice([1, 2, 4, 8])),
+                 "fused_patch": bool(rng.integers(2))} for _ in range(n)]
+        X = enc.transform(cfgs)
+        return X, 0.1 * X[:, 0] + 0.2 * X[:, 5] + 0.03 * rng.normal(size=n)  # truth: +0.2
+
+    j = 5
+    Xf, yf = data(3)
+    few = StepTimeModel.from_priors(enc, wrong).fit(Xf, yf)
+    Xm, ym = data(300)
+    many = StepTimeModel.from_priors(enc, wrong).fit(Xm, ym)
+    assert few.coef_posterior()[0][j] < -0.2
+    assert abs(many.coef_posterior()[0][j] - 0.2) < 0.03
+    recs = revise_priors(wrong, enc, time_model=many)
+    assert len(recs) == 1 and recs[0].flagged and recs[0].evidence_n > 100
+    assert recs[0].source == "llm" and recs[0].target == "time"
+    good = [KnobPrior("fused_patch", True, log_time_effect=0.15, log_time_std=0.1)]
+    assert not revise_priors(good, enc, StepTimeModel.from_priors(enc, good).fit(Xm, ym))[0].flagged
+
+
+def test_step_time_unseen_configs_extrapolate_loglinearly():
+    enc = FeatureEncoder(space(), workload_keys=False, hardware_keys=False).fit()
+    cfgs = [{"micro_batch_size": v} for v in (1, 2, 4) for _ in range(4)]
+    X = enc.transform(cfgs)
+    y = -0.3 * X[:, 0] + 0.01 * np.random.default_rng(0).normal(size=len(X))
+    m = StepTimeModel().fit(X, y)
+    mu, sd = m.predict(enc.transform([{"micro_batch_size": 8}]), return_std=True)
+    assert mu[0] == pytest.approx(-0.6, abs=0.1)  # never seen, on the trend
+    _, sd_seen = m.predict(enc.transform([{"micro_batch_size": 2}]), return_std=True)
+    assert sd[0] > sd_seen[0]  # and less sure than where it has data
+
+
+def test_step_time_degenerate_inputs_fall_back():
+    enc = FeatureEncoder(space(), workload_keys=False, hardware_keys=False).fit()
+    prior = [KnobPrior("micro_batch_size", 8, log_time_effect=-0.2)]
+    with pytest.warns(ModelFallbackWarning, match="no ok trial"):
+        m = StepTimeModel.from_priors(enc, prior).fit(np.zeros((0, 6)), np.zeros(0))
+    mu, sd = m.predict(enc.transform([{"micro_batch_size": 8}]), return_std=True)
+    assert mu[0] == pytest.approx(-0.2) and sd[0] > 1
+    X = enc.transform([{"micro_batch_size": v} for v in (1, 2, 4, 8)])
+    with pytest.warns(ModelFallbackWarning, match="dropped 1"):
+        m = StepTimeModel().fit(X, [0.1, np.nan, -0.1, -0.2])
+    assert np.isfinite(m.predict(X, return_std=True)[1]).all()
+    with warnings.catch_warnings():  # constant features and a single row: no error, no warning
+        warnings.simplefilter("error")
+        StepTimeModel().fit(X[:1], [0.3]).predict(X)
+
+
+def test_step_time_sklearn_conventions():
+    with pytest.raises(NotFittedError):
+        StepTimeModel().predict(np.zeros((1, 2)))
+    m = clone(StepTimeModel(residual="none", max_gp_points=50))
+    assert m.get_params()["max_gp_points"] == 50
+    X, y = synthetic(30, 4)
+    assert m.fit(X, y) is m and hasattr(m, "coef_mean_")
+    with pytest.raises(ValueError, match="residual"):
+        StepTimeModel(residual="boost").fit(X, y)
+
+
+def test_memory_revision_record_from_the_memory_model():
+    enc = FeatureEncoder(space(), workload_keys=False, hardware_keys=False).fit()
+    rng = np.random.default_rng(5)
+    cfgs = [{"activation_checkpointing": str(rng.choice(["none", "full"]))} for _ in range(60)]
+    X = enc.transform(cfgs)
+    logm = np.log(30) - 0.6 * X[:, 2] + 0.05 * rng.normal(size=60)
+    bad = [KnobPrior("activation_checkpointing", "full", log_mem_effect=0.2, log_mem_std=0.1)]
+    m = PeakMemoryModel.from_priors(enc, bad).fit(X, np.exp(logm))
+    (r,) = revise_priors(bad, enc, memory_model=m)
+    assert r.target == "memory" and r.flagged and r.posterior_mean < -0.3
+    assert r.to_dict()["knob"] == "activation_checkpointing"
