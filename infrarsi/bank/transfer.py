@@ -48,8 +48,8 @@ DEVICE_CATALOG: dict[str, tuple[float, float]] = {
 
 
 class Seed(NamedTuple):
-    """One transferred config. ``predicted_relative_speed``: 1.0 for the predicted fastest,
-    0.0 for a predicted OOM; ``predicted_memory_fraction`` of B's capacity (a lower bound when
+    """One transferred config. ``predicted_relative_speed``: 1.0 for the predicted fastest
+    config that fits in memory, 0.0 for a predicted OOM; ``predicted_memory_fraction`` of B's capacity (a lower bound when
     ``memory_is_lower_bound``)."""
 
     config: dict[str, Any]
@@ -122,7 +122,7 @@ def transfer_records(
                 peak = r.peak_memory_max_bytes
                 frac = peak / target.memory_bytes if peak else None
                 best[key] = (r.config, r.step_time_s * scale, frac, False, source)
-    times = [b[1] for b in best.values() if b[1] is not None]
+    times = [b[1] for b in best.values() if b[1] is not None and (b[2] is None or b[2] < 1.0)]
     fastest = min(times) if times else None
     seeds = []
     for config, t, frac, lower, source in best.values():
