@@ -155,14 +155,20 @@ class Store:
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
                     continue
+                hint = ("; is the server up and the URL right? (--url or $INFRARSI_BANK_URL)"
+                        if _transient(e, self.dialect) else "")
                 raise BankError(
-                    f"bank {redact(self.url)}: database error: {str(e).splitlines()[0]}"
+                    f"bank {redact(self.url)}: database error: {str(e).splitlines()[0]}{hint}"
                 ) from e
 
     # ---- schema -------------------------------------------------------------------------
     def ensure_schema(self) -> None:
         """Create a new bank, accept a current one, refuse an older or newer one."""
-        version, bank_id = self.tx(self._read_version, write=False)
+        retry_s, self.retry_s = self.retry_s, min(self.retry_s, 15.0)  # fail fast when opening
+        try:
+            version, bank_id = self.tx(self._read_version, write=False)
+        finally:
+            self.retry_s = retry_s
         if version is None:
             version, bank_id = self.tx(self._create)
         self._check(version)
