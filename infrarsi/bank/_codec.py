@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -45,10 +46,12 @@ def digest(*parts: Any) -> str:
     return hashlib.sha256(dumps(list(parts)).encode()).hexdigest()[:40]
 
 
+@functools.lru_cache(maxsize=4096)
 def workload_key(w: WorkloadSignature) -> str:
     return digest("workload", w.to_dict())[:32]
 
 
+@functools.lru_cache(maxsize=4096)
 def hardware_key(h: HardwareFingerprint) -> str:
     return digest("hardware", h.to_dict())[:32]
 
