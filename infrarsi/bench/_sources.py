@@ -1,0 +1,36 @@
+"""Where a benchmark's workloads come from: ``WORKLOAD_SOURCES[name](options) -> backends``.
+
+The simulator plugs in with one line, e.g.
+``WORKLOAD_SOURCES["simulator"] = lambda opts: [SimulatorBackend(w, seed=opts.get("seed", 0))
+for w in BUILTIN_WORKLOADS]``. Every backend of one source is a workload of the same "table"
+(leave-one-workload-out experience is drawn among them). For scoring, a backend provides
+``best_objective()`` (the best objective in its space); for experience, ``records()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infrarsi.backends.base import Backend
+
+__all__ = ["DEFAULT_TABLE_SPEC", "WORKLOAD_SOURCES", "table_workloads"]
+
+DEFAULT_TABLE_SPEC = Path(__file__).resolve().parents[2] / "configs" / "tables" / "ultrascale.yaml"
+
+
+def table_workloads(options: dict[str, Any]) -> list[Backend]:
+    """Options: ``spec`` (path), ``csv`` (override), ``workloads`` (list of dicts or None = all),
+    ``seed``."""
+    from infrarsi.backends.table import TableBackend, load_table_spec
+
+    spec = load_table_spec(options.get("spec") or DEFAULT_TABLE_SPEC)
+    wanted = options.get("workloads") or TableBackend.workloads(spec, csv_path=options.get("csv"))
+    return [TableBackend.from_spec(spec, w, seed=options.get("seed", 0), csv_path=options.get("csv"))
+            for w in wanted]
+
+
+WORKLOAD_SOURCES: dict[str, Callable[[dict[str, Any]], list[Backend]]] = {
+    "table": table_workloads,
+}

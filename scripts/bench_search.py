@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""Side-by-side search benchmark: peers (and later InfraRSI) on a measured table or a simulator.
+
+    .venv/bin/python scripts/bench_search.py --budgets 10,15,25 --seeds 10 --out bench.json
+
+Rule for samplers that draw knob values one by one: they draw only the table's *searched* knobs
+from their measured values; a combination the table never measured is answered "not run" (the
+searcher hears an errored trial, no budget and no device time are spent) and it is asked again,
+up to 100 times, after which a uniformly drawn measured config is run (a "fallback", counted).
+Random search draws uniformly from the measured configs (Tune's variant generator over one
+categorical). OOM: the plain Optuna and HyperOpt peers see it as an errored trial; constrained
+TPE sees it (and a not-run sample) as a constraint violation; DeepSpeed and the greedy climber
+see a failed trial. ``--engine inline`` drives the same Searcher objects in-process through
+Tune's protocol (identical trajectories, checked by ``--tune-check``), without Tune's overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from infrarsi.bench import SEARCHERS, run_bench  # noqa: E402
+from infrarsi.bench._overhead import tune_overhead  # noqa: E402
+from infrarsi.bench._report import format_report, metrics, summarize, to_json  # noqa: E402
+from infrarsi.bench._sources import WORKLOAD_SOURCES  # noqa: E402
+
+
+def _parse_workloads(text: str | None) -> list[dict] | None:
+    """'1B:1,8B:4' -> [{'model': '1B', 'nodes': 1}, ...] for the Ultra-Scale table, or JSON."""
+    if not text:
+        return None
+    if text.lstrip().startswith("["):
+        return json.loads(text)
+    out = []
+    for part in text.split(","):
+        model, nodes = part.split(":")
+        out.append({"model": model.strip(), "nodes": int(nodes)})
+    return out
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", default="table", choices=sorted(WORKLOAD_SOURCES),
+                   help="where workloads come from (table replay; simulator once registered)")
+    p.add_argument("--spec", help="table spec YAML (default configs/tables/ultrascale.yaml)")
+    p.add_argument("--csv", help="override the CSV path (else $INFRARSI_DATA_DIR or ../shared/data)")
+    p.add_argument("--workloads", help="e.g. '1B:1,8B:4' (default: every workload with an ok row)")
+    p.add_argument("--searchers", default=",".join(SEARCHERS),
+                   help=f"comma list from {', '.join(SEARCHERS)}")
+    p.add_argument("--budgets", default="10,15,25", help="trial budgets, comma list")
+    p.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 per cell (use >= 10)")
+    p.add_argument("--engine", default="inline", choices=["inline", "tune"],
+                   help="tune: every search through tune.Tuner; inline: same searchers in-process")
+    p.add_argument("--tune-check", type=int, default=1, metavar="N",
+                   help="measure Tune overhead and check tune == inline on N workloads (0: skip)")
+    p.add_argument("--per-workload", action="store_true", help="print every workload's table")
+    p.add_argument("--out", help="write the runs and figures as JSON here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _args(argv)
+    t_start = time.perf_counter()
+    source = WORKLOAD_SOURCES[a.source]
+    backends = source({"spec": a.spec, "csv": a.csv, "workloads": _parse_workloads(a.workloads)})
+    skipped = [b for b in backends if getattr(b, "best_objective", lambda: 1)() is None]
+    backends = [b for b in backends if b not in skipped]
+    for b in skipped:
+        print(f"skipped {getattr(b, 'workload_name', b.workload.name)}: no config in its space ran ok")
+    searchers = [s for s in a.searchers.split(",") if s]
+    budgets = [int(x) for x in a.budgets.split(",")]
+    seeds = list(range(a.seeds))
+    overhead = None
+    if a.tune_check:
+        t0 = time.perf_counter()
+        checks = [tune_overhead(b, searchers) for b in backends[: a.tune_check]]
+        overhead = {"checks": checks, "wall_s": time.perf_counter() - t0}
+        for c in checks:
+            print(f"tune check: identical trajectories tune vs inline: {c['all_identical']}; "
+                  f"Tune overhead {c['per_tuner_s']:.2f} s per Tuner + "
+                  f"{c['per_trial_s'] * 1e3:.0f} ms per trial")
+    t0 = time.perf_counter()
+    runs = run_bench(backends, searchers=searchers, budgets=budgets, seeds=seeds,
+                     engine=a.engine, progress=lambda m: print("  done", m, flush=True))
+    bench_wall = time.perf_counter() - t0
+    ms = [metrics(r) for r in runs]
+    summary = summarize(ms)
+    print(format_report(summary, per_workload=a.per_workload))
+    total_trials = sum(m.trials for m in ms)
+    print(f"\n{len(runs)} searches, {total_trials} trials, engine {a.engine}: {bench_wall:.1f} s "
+          f"(total with checks {time.perf_counter() - t_start:.1f} s)")
+    if overhead and overhead["checks"][0]["per_trial_s"] is not None:
+        c = overhead["checks"][0]
+        est = len(runs) * c["per_tuner_s"] + total_trials * c["per_trial_s"]
+        print(f"the same grid through Tune would add about {est / 60:.0f} min of Tune overhead")
+    if a.out:
+        meta = {"argv": sys.argv, "engine": a.engine, "budgets": budgets, "seeds": seeds,
+                "searchers": searchers, "source": a.source, "bench_wall_s": bench_wall,
+                "tune_overhead": overhead, "skipped": [getattr(b, "workload_name", "") for b in skipped]}
+        Path(a.out).write_text(to_json(ms, runs, summary, meta))
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
