@@ -70,8 +70,10 @@ def make_random(space, backend, budget, seed, experience=None):
 
 @register_searcher("optuna_tpe", oom_as_error=True, budget_aware=False)
 def make_optuna(space, backend, budget, seed, experience=None):
+    import optuna
     from ray.tune.search.optuna import OptunaSearch
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created" line per search
     view = SpaceView(backend)
     space = OptunaSearch.convert_search_space(_tune_domains(view))  # as Tune would from param_space
     return OptunaSearch(space=space, metric=METRIC, mode=view.mode, seed=seed)
