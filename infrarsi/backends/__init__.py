@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from infrarsi.backends.base import Backend
+from infrarsi.backends.simulator import SimulatorBackend
 from infrarsi.backends.table import TableBackend
 
-__all__ = ["Backend", "TableBackend"]
+__all__ = ["Backend", "SimulatorBackend", "TableBackend"]
