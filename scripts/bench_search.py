@@ -26,7 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infrarsi.bench import SEARCHERS, run_bench  # noqa: E402
 from infrarsi.bench._overhead import tune_overhead  # noqa: E402
-from infrarsi.bench._report import format_report, metrics, summarize, to_json  # noqa: E402
+from infrarsi.bench._report import (  # noqa: E402
+    format_report,
+    load_metrics,
+    metrics,
+    summarize,
+    to_json,
+)
 from infrarsi.bench._sources import WORKLOAD_SOURCES  # noqa: E402
 
 
@@ -61,11 +67,19 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help="measure Tune overhead and check tune == inline on N workloads (0: skip)")
     p.add_argument("--per-workload", action="store_true", help="print every workload's table")
     p.add_argument("--out", help="write the runs and figures as JSON here")
+    p.add_argument("--from-json", metavar="PATH",
+                   help="print the report of an earlier --out file instead of running")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
+    if a.from_json:
+        ms, meta = load_metrics(Path(a.from_json).read_text())
+        print(format_report(summarize(ms), per_workload=a.per_workload))
+        print(f"\nfrom {a.from_json}: engine {meta.get('engine')}, bench wall "
+              f"{meta.get('bench_wall_s', float('nan')):.1f} s")
+        return 0
     t_start = time.perf_counter()
     source = WORKLOAD_SOURCES[a.source]
     backends = source({"spec": a.spec, "csv": a.csv, "workloads": _parse_workloads(a.workloads)})
@@ -97,8 +111,15 @@ def main(argv: list[str] | None = None) -> int:
           f"(total with checks {time.perf_counter() - t_start:.1f} s)")
     if overhead and overhead["checks"][0]["per_trial_s"] is not None:
         c = overhead["checks"][0]
-        est = len(runs) * c["per_tuner_s"] + total_trials * c["per_trial_s"]
-        print(f"the same grid through Tune would add about {est / 60:.0f} min of Tune overhead")
+        tuners = len({(r.workload, r.searcher, r.experience, r.seed)
+                      if not getattr(SEARCHERS[r.searcher], "budget_aware", True)
+                      else (r.workload, r.searcher, r.experience, r.seed, r.budget) for r in runs})
+        trials_run = total_trials if a.engine == "tune" else sum(
+            m.trials for m in ms if m.budget == max(budgets)
+            or getattr(SEARCHERS[m.searcher], "budget_aware", True))
+        est = tuners * c["per_tuner_s"] + trials_run * c["per_trial_s"]
+        print(f"the same grid through Tune ({tuners} Tuner runs, {trials_run} trials) would add "
+              f"about {est / 60:.0f} min of Tune overhead")
     if a.out:
         meta = {"argv": sys.argv, "engine": a.engine, "budgets": budgets, "seeds": seeds,
                 "searchers": searchers, "source": a.source, "bench_wall_s": bench_wall,

@@ -4,7 +4,8 @@ Per run: the best objective found as a fraction of the best in the space (for a 
 measured ok row; 0 when the search found no config that ran), the share of trials that were OOM
 or failed, the device-time spent on them, and the trials needed to reach 95 % of the best.
 Geometric means floor a fraction at ``FLOOR`` (1 %) so that a search that found nothing counts
-as a large loss instead of zeroing the mean; how many runs found nothing is reported beside it.
+as a large loss instead of zeroing the mean; how many runs found nothing is reported beside it,
+and so is the geometric mean over the runs that found something.
 Workloads with no ok row at all have no "best" and are left out of every figure (listed).
 """
 
@@ -20,7 +21,8 @@ from typing import Any
 
 from infrarsi.bench._runner import BenchRun
 
-__all__ = ["FLOOR", "RunMetrics", "format_report", "metrics", "summarize", "to_json"]
+__all__ = ["FLOOR", "RunMetrics", "format_report", "load_metrics", "metrics", "summarize",
+           "to_json"]
 
 FLOOR = 0.01
 REACH = 0.95
@@ -81,6 +83,7 @@ def _cell(ms: Sequence[RunMetrics]) -> dict[str, Any]:
     return {
         "runs": len(ms),
         "geomean_fraction": _geo(fr),
+        "geomean_fraction_found": _geo([f for f in fr if f > 0]),
         "mean_fraction": statistics.fmean(fr) if fr else float("nan"),
         "found_nothing": sum(1 for m in ms if m.best_found is None),
         "mean_trials": statistics.fmean(m.trials for m in ms),
@@ -122,12 +125,13 @@ def summarize(ms: Sequence[RunMetrics]) -> dict[str, Any]:
 
 def _row(label: str, c: dict[str, Any]) -> str:
     t95 = "-" if c["median_trials_to_95"] is None else f"{c['median_trials_to_95']:.0f}"
-    return (f"  {label:<26} {c['geomean_fraction']:>6.3f} {c['mean_fraction']:>6.3f} "
+    return (f"  {label:<26} {c['geomean_fraction']:>6.3f} {c['geomean_fraction_found']:>6.3f} "
+            f"{c['mean_fraction']:>6.3f} "
             f"{c['found_nothing']:>4d} {c['mean_fail_share']:>6.1%} {c['mean_device_h_failed']:>8.2f} "
             f"{c['reached_95_share']:>6.0%} {t95:>5} {c['mean_trials']:>6.1f} {c['mean_not_run']:>7.1f}")
 
 
-_HEADER = (f"  {'searcher':<26} {'geo':>6} {'mean':>6} {'none':>4} {'fail':>6} {'fail dev-h':>8} "
+_HEADER = (f"  {'searcher':<26} {'geo':>6} {'geo>0':>6} {'mean':>6} {'none':>4} {'fail':>6} {'fail dev-h':>8} "
            f"{'≥95%':>6} {'t95':>5} {'trials':>6} {'not-run':>7}")
 
 
@@ -148,8 +152,8 @@ def format_report(summary: dict[str, Any], *, per_workload: bool = True) -> str:
     if summary["unscored_workloads"]:
         lines.append(f"not scored (no ok row in the space): {', '.join(summary['unscored_workloads'])}")
     lines.append(
-        "geo/mean: best found / best in space (geo-mean floors at 1%); none: runs that found no "
-        "config that ran; fail: share of trials OOM or failed; fail dev-h: device-hours spent on "
+        "geo/mean: best found / best in space (geo-mean floors at 1%); geo>0: geo-mean over runs "
+        "that found a config that ran; none: runs that found none; fail: share of trials OOM or failed; fail dev-h: device-hours spent on "
         "them per run; ≥95%: runs reaching 95% of best; t95: median trials to get there; "
         "not-run: unmeasured samples refused per run (free)")
     return "\n".join(lines)
@@ -162,3 +166,11 @@ def to_json(ms: Sequence[RunMetrics], runs: Sequence[BenchRun], summary: dict[st
              for r in run.trajectory.records] for run in runs]
     rows = [{**asdict(m), "trajectory": t} for m, t in zip(ms, traj, strict=True)]
     return json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=1, default=str)
+
+
+def load_metrics(text: str) -> tuple[list[RunMetrics], dict[str, Any]]:
+    """The per-run metrics and meta of a JSON written by :func:`to_json` (to re-summarize or
+    compare an earlier run with the current report code)."""
+    data = json.loads(text)
+    names = set(RunMetrics.__dataclass_fields__)
+    return [RunMetrics(**{k: v for k, v in r.items() if k in names}) for r in data["runs"]], data["meta"]
