@@ -156,6 +156,11 @@ def format_report(summary: dict[str, Any], *, per_workload: bool = True) -> str:
         "that found a config that ran; none: runs that found none; fail: share of trials OOM or failed; fail dev-h: device-hours spent on "
         "them per run; ≥95%: runs reaching 95% of best; t95: median trials to get there; "
         "not-run: unmeasured samples refused per run (free)")
+    lines.append(
+        "rule: per-knob samplers draw the searched knobs from their measured values; a combination "
+        "never measured is answered 'not run' (an errored trial to the searcher, no budget, no "
+        "device time), retried up to 100 times, then a uniformly drawn measured config is run "
+        "(fallback). Random search draws uniformly from the measured configs.")
     return "\n".join(lines)
 
 
