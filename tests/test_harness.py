@@ -142,6 +142,31 @@ def test_emulated_oom_is_censored_at_capacity():
     assert run(spec, capacity=peak + 1, micro_batch_size=4)["peak_memory_bytes"] == peak
 
 
+def test_failed_step_stops_the_profiler_and_bad_workspace_is_named(tmp_path):
+    from infrarsi.errors import WorkloadError
+
+    (tmp_path / "entry.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2)])\n"
+        "    def forward(self, tokens):\n"
+        "        raise RuntimeError('user code failed')\n"
+        "def build_model(shape, parallel):\n"
+        "    return M()\n"
+    )
+    spec = tiny_spec()
+    space = build_torch_space(spec)
+    config = space.normalize({**space.defaults(), "num_workers": 1})
+    body = {"task": spec.to_dict(), "config": config, "capacity_bytes": None}
+    with pytest.raises(RuntimeError, match="user code failed"):
+        train_worker({**body, "workspace": str(tmp_path)})
+    with pytest.raises(WorkloadError, match="build_model"):
+        train_worker({**body, "workspace": str(tmp_path / "missing")})
+    assert run(spec)["loss_trace"]  # the profiler was released
+
+
 def test_num_workers_must_match_world():
     spec = tiny_spec()
     space = build_torch_space(spec)

@@ -68,18 +68,19 @@ def apply_compile(model: nn.Module, mode: str) -> None:
 
 
 def is_compile_error(exc: BaseException) -> bool:
-    """True when ``exc`` came out of dynamo/inductor (not an OOM raised by a compiled kernel)."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return False
-    if isinstance(exc, torch._dynamo.exc.TorchDynamoException):
-        return True
-    tb = exc.__traceback__
-    while tb is not None:
-        fname = tb.tb_frame.f_code.co_filename
-        if any(k in fname for k in ("torch/_dynamo", "torch/_inductor", "torch/_functorch")):
-            return True
-        tb = tb.tb_next
-    return False
+    """True when ``exc`` is a dynamo/inductor compile-time failure.
+
+    Judged by type, not by traceback: every error raised inside a compiled module (a real OOM,
+    a failed collective) passes through dynamo's frames at run time.
+    """
+    from torch._dynamo import exc as dynamo_exc
+    from torch._inductor import exc as inductor_exc
+
+    names = ("OperatorIssue", "SubgraphLoweringException", "InvalidCxxCompiler",
+             "CppWrapperCodegenError", "CppCompileError")
+    kinds = (dynamo_exc.TorchDynamoException,) + tuple(
+        getattr(inductor_exc, n) for n in names if hasattr(inductor_exc, n))
+    return isinstance(exc, kinds) and not isinstance(exc, torch.OutOfMemoryError)
 
 
 def wrap_data_parallel(model: nn.Module, config: Mapping[str, Any], device: torch.device,

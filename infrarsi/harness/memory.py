@@ -36,9 +36,16 @@ class CpuMemoryMeter:
     def step(self, index: int):
         return record_function(f"{_STEP_TAG}_{index}")
 
+    def close(self) -> None:
+        """Stop profiling without reading the events (after a failed warm-up step)."""
+        if self._prof is not None:
+            self._prof.__exit__(None, None, None)
+            self._prof = None
+
     def stop(self) -> int:
-        self._prof.__exit__(None, None, None)
-        events = self._prof.profiler.kineto_results.events()
+        prof, self._prof = self._prof, None
+        prof.__exit__(None, None, None)
+        events = prof.profiler.kineto_results.events()
         mem = sorted(
             (e.start_ns(), e.nbytes()) for e in events
             if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")
@@ -55,7 +62,6 @@ class CpuMemoryMeter:
             if lo <= t <= hi:
                 peak = max(peak, live)
         self._peak = int(peak if peak is not None else live)
-        self._prof = None  # drop the event buffers
         return self._peak
 
 

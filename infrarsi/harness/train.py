@@ -8,6 +8,7 @@ steps), the clock and the memory measurement; the user's workspace only builds t
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -139,15 +140,23 @@ def train_worker(payload: dict[str, Any]) -> dict[str, Any]:
     losses: list[torch.Tensor] = []
     clock = StepClock(device)
     with load_entry(payload["workspace"], spec.workload.entry) as entry:
-        if meter:
-            meter.start()
-        stats = run.build(entry)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
         try:
+            if meter:
+                meter.start()
+            stats = run.build(entry)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
             for s in range(timing.warmup_steps):
-                with meter.step(s) if meter else _null():
+                with meter.step(s) if meter else nullcontext():
                     losses.append(run.step(s))
+            peak = meter.stop() if meter else None
+            if meter:
+                raise_if_over_capacity(peak, capacity)
+            clock.mark()
+            for s in range(timing.warmup_steps, total_steps):
+                losses.append(run.step(s))
+                if s < timing.warmup_steps + timing.measured_steps:
+                    clock.mark()
         except Exception as e:
             if config["compile"] != "off" and mech.is_compile_error(e):
                 raise mech.CompileFailure(
@@ -155,14 +164,9 @@ def train_worker(payload: dict[str, Any]) -> dict[str, Any]:
                     f"{str(e)[:2000]}"
                 ) from None
             raise
-        peak = meter.stop() if meter else None
-        if meter:
-            raise_if_over_capacity(peak, capacity)
-        clock.mark()
-        for s in range(timing.warmup_steps, total_steps):
-            losses.append(run.step(s))
-            if s < timing.warmup_steps + timing.measured_steps:
-                clock.mark()
+        finally:
+            if meter:
+                meter.close()
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
     trace = torch.stack(losses).float()
@@ -181,10 +185,4 @@ def train_worker(payload: dict[str, Any]) -> dict[str, Any]:
         "num_params": int(stats["num_params"]),
         "flops_per_token": float(stats["flops_per_token"]),
     }
-
-
-def _null():
-    from contextlib import nullcontext
-
-    return nullcontext()
 
