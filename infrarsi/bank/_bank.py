@@ -265,6 +265,7 @@ class BankCore:
             fresh = [r for r in rows if r["uid"] not in have]
             if fresh:
                 conn.execute(insert_ignore(self._store.engine, S.trials), fresh)
+                self._note_pairs(conn, fresh)
             counts = {"inserted": len(fresh), "finished": 0, "unchanged": 0}
             for r in rows:
                 if r["uid"] in have:
@@ -290,12 +291,19 @@ class BankCore:
             "memory_censor_bytes": rec.memory_censor_bytes,
             "memory_capacity_bytes": rec.memory_capacity_bytes,
             "final_loss": C.final_loss(rec.loss_trace), "device_seconds": rec.device_seconds,
-            "record": C.dumps(rec.to_dict()), "opened_at": now, "heartbeat_at": now,
+            "record": C.record_json(rec), "opened_at": now, "heartbeat_at": now,
             "finished_at": now, "origin": origin, "bank_id": self.bank_id,
         }
 
+    def _note_pairs(self, conn: sa.Connection, rows: Iterable[dict[str, Any]]) -> None:
+        pairs = {(r["workload_key"], r["hardware_key"]) for r in rows}
+        if pairs:
+            conn.execute(insert_ignore(self._store.engine, S.signature_pairs),
+                         [{"workload_key": w, "hardware_key": h} for w, h in sorted(pairs)])
+
     def _write_trial(self, conn: sa.Connection, row: dict[str, Any]) -> str:
         t = S.trials
+        self._note_pairs(conn, [row])
         if insert_new(conn, t, row):
             return "inserted"
         finish = {k: v for k, v in row.items() if k not in ("uid", "opened_at", "origin", "bank_id")}
@@ -331,6 +339,7 @@ class BankCore:
                 ).values(**values))
                 if res.rowcount == 1:
                     closed.append(row.trial_id)
+                    self._note_pairs(conn, [values])
             return closed
 
         return self._store.tx(_do)

@@ -259,6 +259,11 @@ def _merge_table(store: Store, conn: sa.Connection, table: sa.Table,
     for i in range(0, len(fresh), 5000):
         conn.execute(insert_ignore(store.engine, table), fresh[i:i + 5000])
     counts["inserted"] = len(fresh)
+    if table is S.trials:
+        pairs = sorted({(r["workload_key"], r["hardware_key"]) for r in rows})
+        if pairs:
+            conn.execute(insert_ignore(store.engine, S.signature_pairs),
+                         [{"workload_key": w, "hardware_key": h} for w, h in pairs])
     return counts
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import math
 from typing import Any
 
-from infrarsi.trial import HardwareFingerprint, WorkloadSignature
+from infrarsi.trial import HardwareFingerprint, TrialRecord, WorkloadSignature
 
 # Weights of the signature distance (applied to WorkloadSignature.vector() and
 # HardwareFingerprint.vector() component by component). A unit of distance is roughly "one
@@ -77,6 +78,31 @@ def hardware_row(h: HardwareFingerprint) -> dict[str, Any]:
         "fingerprint": dumps(h.to_dict()),
         "vector": dumps(weighted(h.vector(), HARDWARE_WEIGHTS)),
     }
+
+
+@functools.lru_cache(maxsize=4096)
+def _context_dict(obj: WorkloadSignature | HardwareFingerprint) -> dict[str, Any]:
+    return obj.to_dict()
+
+
+_RECORD_FIELDS: tuple[str, ...] = ()
+
+
+def record_json(rec: TrialRecord) -> str:
+    """``dumps(rec.to_dict())``, computed without ``asdict``'s deep copies (the bank's hot
+    path). tests/test_bank_codec.py checks it equals the reference on every field kind."""
+    global _RECORD_FIELDS
+    if not _RECORD_FIELDS:
+        _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord))
+    d = {name: getattr(rec, name) for name in _RECORD_FIELDS}
+    d["workload"] = _context_dict(rec.workload)
+    d["hardware"] = _context_dict(rec.hardware)
+    d["status"] = rec.status.value
+    d["error_kind"] = rec.error_kind.value if rec.error_kind else None
+    d["step_times_s"] = list(rec.step_times_s)
+    d["loss_trace"] = [v if math.isfinite(v) else None for v in rec.loss_trace]
+    d["peak_memory_bytes"] = list(rec.peak_memory_bytes) if rec.peak_memory_bytes else None
+    return dumps(d)
 
 
 def final_loss(loss_trace: tuple[float, ...]) -> float | None:

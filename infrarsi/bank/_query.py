@@ -20,6 +20,19 @@ from infrarsi.trial import HardwareFingerprint, TrialRecord, TrialStatus, Worklo
 
 
 class QueryMixin(BankCore):
+    def _signature_rows(self, conn: sa.Connection, wkeys: set[str], hkeys: set[str]):
+        """Workload/hardware rows by key, cached: they are content-addressed and never change."""
+        cache = self.__dict__.setdefault("_sig_cache", {"w": {}, "h": {}})
+        for kind, table, keys, col in (("w", S.workloads, wkeys, "signature"),
+                                       ("h", S.hardware, hkeys, "fingerprint")):
+            missing = sorted(keys - cache[kind].keys())
+            for i in range(0, len(missing), 500):
+                for r in conn.execute(sa.select(table.c.key, table.c.vector, table.c[col])
+                                      .where(table.c.key.in_(missing[i:i + 500]))):
+                    name = r[2] if kind == "w" else C.loads(r[2])["device_name"]
+                    cache[kind][r.key] = (C.loads(r.vector), r[2], name)
+        return cache["w"], cache["h"]
+
     def nearest_signatures(
         self, workload: WorkloadSignature, hardware: HardwareFingerprint | None = None,
         k: int = 5,
@@ -29,38 +42,33 @@ class QueryMixin(BankCore):
         Distance: Euclidean over the weighted workload vector, plus the weighted hardware
         vector and a device-name mismatch term when ``hardware`` is given.
         """
-        def _do(conn: sa.Connection):
-            t = S.trials
-            pairs = conn.execute(
-                sa.select(t.c.workload_key, t.c.hardware_key, sa.func.count())
-                .where(t.c.state == FINISHED).group_by(t.c.workload_key, t.c.hardware_key)
-            ).all()
-            wl = {r.key: r for r in conn.execute(sa.select(S.workloads))}
-            hw = {r.key: r for r in conn.execute(sa.select(S.hardware))}
-            return pairs, wl, hw
+        return self._store.tx(lambda c: self._nearest_pairs(c, workload, hardware, k),
+                              write=False)
 
-        pairs, wl, hw = self._store.tx(_do, write=False)
+    def _nearest_pairs(self, conn, workload, hardware, k) -> list[SignatureMatch]:
+        t, sp = S.trials, S.signature_pairs
+        pairs = conn.execute(sa.select(sp.c.workload_key, sp.c.hardware_key)).all()
         if not pairs:
             return []
+        wl, hw = self._signature_rows(conn, {p[0] for p in pairs}, {p[1] for p in pairs})
         qw = np.array(C.weighted(workload.vector(), C.WORKLOAD_WEIGHTS))
-        wvec = np.array([C.loads(wl[p[0]].vector) for p in pairs])
-        d2 = ((wvec - qw) ** 2).sum(axis=1)
+        d2 = ((np.array([wl[p[0]][0] for p in pairs]) - qw) ** 2).sum(axis=1)
         if hardware is not None:
             qh = np.array(C.weighted(hardware.vector(), C.HARDWARE_WEIGHTS))
-            hvec = np.array([C.loads(hw[p[1]].vector) for p in pairs])
-            d2 = d2 + ((hvec - qh) ** 2).sum(axis=1)
-            names = np.array([hw[p[1]].device_name != hardware.device_name for p in pairs])
+            d2 = d2 + ((np.array([hw[p[1]][0] for p in pairs]) - qh) ** 2).sum(axis=1)
+            names = np.array([hw[p[1]][2] != hardware.device_name for p in pairs])
             d2 = d2 + names * C.DEVICE_NAME_MISMATCH**2
-        order = np.argsort(np.sqrt(d2), kind="stable")[:k]
-        return [
-            SignatureMatch(
-                float(np.sqrt(d2[i])),
-                WorkloadSignature.from_dict(C.loads(wl[pairs[i][0]].signature)),
-                HardwareFingerprint.from_dict(C.loads(hw[pairs[i][1]].fingerprint)),
-                int(pairs[i][2]),
-            )
-            for i in order
-        ]
+        dist = np.sqrt(d2)
+        order = np.argsort(dist, kind="stable")[:k]
+        out = []
+        for i in order:
+            wk, hk = pairs[i]
+            n = conn.execute(sa.select(sa.func.count()).select_from(t).where(
+                t.c.workload_key == wk, t.c.hardware_key == hk, t.c.state == FINISHED)).scalar_one()
+            out.append(SignatureMatch(
+                float(dist[i]), WorkloadSignature.from_dict(C.loads(wl[wk][1])),
+                HardwareFingerprint.from_dict(C.loads(hw[hk][1])), int(n)))
+        return out
 
     def nearest(
         self, workload: WorkloadSignature, hardware: HardwareFingerprint | None = None,
@@ -69,26 +77,32 @@ class QueryMixin(BankCore):
         """The ``k`` most relevant finished trials: nearest signatures first; within one
         signature, ok trials fastest first, then OOMs (memory boundary), then the rest."""
         t = S.trials
-        out: list[Neighbour] = []
         order = [
             sa.case((t.c.status == "ok", 0), (t.c.status == "oom", 1), else_=2),
             sa.nulls_last(t.c.tokens_per_s.desc()), sa.nulls_last(t.c.step_time_s.asc()), t.c.id,
         ]
-        for match in self.nearest_signatures(workload, hardware, k=max(k, 5)):
-            q = (sa.select(t.c.record, t.c.run_id, t.c.origin)
-                 .where(t.c.state == FINISHED,
-                        t.c.workload_key == C.workload_key(match.workload),
-                        t.c.hardware_key == C.hardware_key(match.hardware))
-                 .order_by(*order).limit(k - len(out)))
-            if status is not None:
-                wanted = [status] if isinstance(status, (str, TrialStatus)) else list(status)
-                q = q.where(t.c.status.in_([TrialStatus(s).value for s in wanted]))
-            rows = self._store.tx(lambda c, q=q: c.execute(q).all(), write=False)
-            out.extend(Neighbour(match.distance, TrialRecord.from_dict(C.loads(r.record)),
-                                 r.run_id, r.origin) for r in rows)
-            if len(out) >= k:
-                break
-        return out
+        wanted = None
+        if status is not None:
+            wanted = [status] if isinstance(status, (str, TrialStatus)) else list(status)
+            wanted = [TrialStatus(s).value for s in wanted]
+
+        def _do(conn: sa.Connection) -> list[Neighbour]:
+            out: list[Neighbour] = []
+            for match in self._nearest_pairs(conn, workload, hardware, max(k, 5)):
+                q = (sa.select(t.c.record, t.c.run_id, t.c.origin)
+                     .where(t.c.state == FINISHED,
+                            t.c.workload_key == C.workload_key(match.workload),
+                            t.c.hardware_key == C.hardware_key(match.hardware))
+                     .order_by(*order).limit(k - len(out)))
+                if wanted is not None:
+                    q = q.where(t.c.status.in_(wanted))
+                out.extend(Neighbour(match.distance, TrialRecord.from_dict(C.loads(r.record)),
+                                     r.run_id, r.origin) for r in conn.execute(q))
+                if len(out) >= k:
+                    break
+            return out
+
+        return self._store.tx(_do, write=False)
 
     def same_workload_other_hardware(
         self, workload: WorkloadSignature, hardware: HardwareFingerprint | None = None,

@@ -116,8 +116,19 @@ trials = sa.Table(
     sa.Column("bank_id", sa.String(64), nullable=False),
     sa.UniqueConstraint("run_id", "trial_id", name="uq_trials_run_trial"),
 )
-sa.Index("ix_trials_sig", trials.c.workload_key, trials.c.hardware_key, trials.c.status)
+sa.Index("ix_trials_sig", trials.c.workload_key, trials.c.hardware_key, trials.c.state,
+         trials.c.status)
+sa.Index("ix_trials_run", trials.c.run_id, trials.c.status)
 sa.Index("ix_trials_state", trials.c.state, trials.c.heartbeat_at)
+
+# Derived, never exported: every (workload, hardware) pair with a finished trial, written in the
+# same transaction as the trial, so similarity queries never scan the trial table.
+signature_pairs = sa.Table(
+    "signature_pairs",
+    metadata,
+    sa.Column("workload_key", _KEY, primary_key=True),
+    sa.Column("hardware_key", _KEY, primary_key=True),
+)
 
 baselines = sa.Table(
     "baselines",
