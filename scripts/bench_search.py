@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from infrarsi.bench import SEARCHERS, run_bench  # noqa: E402
 from infrarsi.bench._overhead import tune_overhead  # noqa: E402
 from infrarsi.bench._report import (  # noqa: E402
+    _geo,
     format_report,
     load_metrics,
     metrics,
@@ -46,6 +47,15 @@ def _parse_workloads(text: str | None) -> list[dict] | None:
     for part in text.split(","):
         model, nodes = part.split(":")
         out.append({"model": model.strip(), "nodes": int(nodes)})
+    return out
+
+
+def _baseline_fractions(backends) -> dict[str, float | None]:
+    out = {}
+    for b in backends:
+        best = getattr(b, "best_objective", lambda: None)()
+        value = b.objective(b.execute(b.baseline_config())) if best else None
+        out[getattr(b, "workload_name", b.workload.name)] = value / best if value else None
     return out
 
 
@@ -105,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     bench_wall = time.perf_counter() - t0
     ms = [metrics(r) for r in runs]
     summary = summarize(ms)
+    summary["baseline_fraction"] = _baseline_fractions(backends)
     print(format_report(summary, per_workload=a.per_workload))
+    bf = [v for v in summary["baseline_fraction"].values() if v is not None]
+    print(f"reference: the baseline config alone (where baseline-anchored searchers start) reaches "
+          f"geo-mean {_geo(bf):.3f} of the best over {len(bf)} workloads")
     total_trials = sum(m.trials for m in ms)
     print(f"\n{len(runs)} searches, {total_trials} trials, engine {a.engine}: {bench_wall:.1f} s "
           f"(total with checks {time.perf_counter() - t_start:.1f} s)")
