@@ -1,0 +1,343 @@
+"""The search engine behind InfraRSISearcher: experience-seeded, model-driven, memory-aware.
+
+It is independent of Ray so that the same decisions can be driven by Ray Tune (the normal
+path, :class:`~infrarsi.search.InfraRSISearcher`) or replayed in tests. Its whole state is a
+plain dict (:meth:`SearchEngine.state_dict`) that survives a driver restart.
+
+One suggestion:
+
+1. Seeds (the first ``n_init`` trials): chosen jointly, not one incumbent. With experience
+   (other workloads or hardware, from the bank) or priors, the models predict every candidate;
+   the best predicted configs that are likely to fit are spread out by maximin distance. Cold,
+   the seeds are a maximin space-filling design (plus the baseline when asked).
+2. Then acquisition: expected improvement of log throughput over the best measured, times
+   P(fit) from the censored memory model; the exploration margin shrinks as the budget is spent;
+   configs already measured or pending are never proposed again.
+3. Pairing: when the best unconstrained candidate is likely to OOM, its neighbourhood (one or
+   two knobs changed) is searched for memory savers with the lowest time price per GiB saved
+   until the predicted risk is acceptable.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.stats import norm
+
+from infrarsi.models import FeatureEncoder, KnobPrior, PeakMemoryModel, StepTimeModel, revise_priors
+from infrarsi.search._pool import candidate_pool, maximin
+from infrarsi.space import Config, SearchSpace, config_key
+from infrarsi.trial import HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
+
+Objective = Callable[[TrialRecord], "float | None"]
+
+
+def default_objective(record: TrialRecord) -> float | None:
+    return record.tokens_per_s if record.ok else None
+
+
+def nearest_experience(records: Sequence[TrialRecord], workload: WorkloadSignature,
+                       hardware: HardwareFingerprint, limit: int) -> list[TrialRecord]:
+    """Up to ``limit`` records, whole workloads at a time, nearest signature first.
+
+    Why: the nearest workloads transfer best, and the models' fit time grows with rows; a
+    search should not slow down as the bank grows.
+    """
+    if len(records) <= limit:
+        return list(records)
+    me = np.array(workload.vector() + hardware.vector())
+    groups: dict[tuple, list[TrialRecord]] = {}
+    for r in records:
+        groups.setdefault((r.workload, r.hardware), []).append(r)
+    scale = np.array([np.std([np.r_[w.vector(), h.vector()][i] for w, h in groups]) or 1.0
+                      for i in range(len(me))])
+    order = sorted(groups, key=lambda k: float(np.linalg.norm(
+        (np.array(k[0].vector() + k[1].vector()) - me) / scale)))
+    out: list[TrialRecord] = []
+    for key in order:
+        if len(out) >= limit:
+            break
+        out.extend(groups[key])
+    return out
+
+
+@dataclass
+class Suggestion:
+    """A config to try, where it came from, and what the models expected of it."""
+
+    config: Config
+    origin: str
+    predicted: dict[str, float] = field(default_factory=dict)
+    pairing: dict[str, Any] | None = None
+
+
+@dataclass
+class _Fit:
+    mu: np.ndarray  # predicted log(1 / objective) of the pool (lower is better)
+    sd: np.ndarray
+    p_oom: np.ndarray
+    mem_median: np.ndarray | None
+
+
+class SearchEngine:
+    """Decides the next config from every trial so far (OOMs included) and experience.
+
+    Parameters: ``experience`` are records from other runs (other workloads or hardware;
+    never the workload searched in a leave-one-out benchmark); ``priors`` are proposer priors
+    per knob setting; ``objective`` maps a record to the number maximized (default tokens/s);
+    ``max_oom_risk`` is the largest predicted P(OOM) the engine spends a trial on;
+    ``include_baseline`` puts the backend's baseline among the seeds.
+    """
+
+    def __init__(self, space: SearchSpace, workload: WorkloadSignature,
+                 hardware: HardwareFingerprint, *, budget: int, seed: int = 0,
+                 experience: Sequence[TrialRecord] = (), priors: Sequence[KnobPrior] = (),
+                 objective: Objective | None = None, n_init: int | None = None,
+                 max_oom_risk: float = 0.3, baseline: Config | None = None,
+                 include_baseline: bool = False, pool_size: int = 5_000,
+                 max_experience: int = 400) -> None:
+        self.space = space
+        self.workload = workload
+        self.hardware = hardware
+        self.budget = budget
+        self.seed = seed
+        self.experience = nearest_experience(experience, workload, hardware, max_experience)
+        self.priors = list(priors)
+        self.objective = objective or default_objective
+        self.max_oom_risk = max_oom_risk
+        self.baseline = space.normalize(baseline, check=False) if baseline else None
+        self.include_baseline = include_baseline
+        informed = bool(self.experience or self.priors)
+        self.n_init = n_init if n_init is not None else max(1, min(3 if informed else 4, budget // 3))
+        self.pool = candidate_pool(space, seed, pool_size)
+        self._pool_keys = {config_key(c): i for i, c in enumerate(self.pool)}
+        self.encoder = FeatureEncoder(space).fit()
+        self._X_pool = self.encoder.transform(self.pool, workload, hardware)
+        self.observations: list[dict[str, Any]] = []  # {"record": dict, "origin": str}
+        self.pending: dict[str, Config] = {}
+        self.seed_plan: list[dict[str, Any]] = []
+        self.pairings: list[dict[str, Any]] = []
+        self.revisions: list[dict[str, Any]] = []
+        self.stop_reason: str | None = None
+        self.n_suggested = 0
+        self.n_seeds_issued = 0
+
+    # ---- observations -----------------------------------------------------------------
+    @property
+    def records(self) -> list[TrialRecord]:
+        return [TrialRecord.from_dict(o["record"]) for o in self.observations]
+
+    def observe(self, record: TrialRecord, origin: str = "", trial_id: str | None = None) -> None:
+        """Feed one finished trial (any status). An OOM stays in: it is censored information."""
+        self.pending.pop(trial_id or record.trial_id, None)
+        self.observations.append({"record": record.to_dict(), "origin": origin})
+        self._check_stop()
+
+    def best(self) -> tuple[TrialRecord, float] | None:
+        scored = [(r, self.objective(r)) for r in self.records]
+        scored = [(r, v) for r, v in scored if v is not None and math.isfinite(v)]
+        return max(scored, key=lambda rv: rv[1]) if scored else None
+
+    def _measured_keys(self) -> set[str]:
+        return {config_key(self.space.normalize(o["record"]["config"], check=False))
+                for o in self.observations}
+
+    # ---- suggestion -------------------------------------------------------------------
+    def suggest(self, trial_id: str | None = None) -> Suggestion | None:
+        """The next config to run, or None when the search should stop (see ``stop_reason``)."""
+        if self.stop_reason:
+            return None
+        taken = self._measured_keys() | {config_key(c) for c in self.pending.values()}
+        free = np.array([config_key(c) not in taken for c in self.pool])
+        if not free.any():
+            self.stop_reason = "every candidate config has been measured"
+            return None
+        if not self.seed_plan:
+            self.seed_plan = self._plan_seeds()
+        seeds = [s for s in self.seed_plan if config_key(s["config"]) not in taken]
+        if seeds and self.n_seeds_issued < len(self.seed_plan):
+            s = seeds[0]
+            self.n_seeds_issued += 1
+            sug = Suggestion(dict(s["config"]), f"seed:{s['source']}", s.get("predicted", {}))
+        else:
+            sug = self._acquire(free)
+            if sug is None:
+                return None
+        self.n_suggested += 1
+        self.pending[trial_id or f"s{self.n_suggested}"] = sug.config
+        return sug
+
+    def _fit(self, records: Sequence[TrialRecord]) -> _Fit | None:
+        ok = [r for r in records if (v := self.objective(r)) is not None and v > 0]
+        mem_rows = [r for r in records if r.memory_observation is not None]
+        if not ok and not self.priors:
+            mu = np.zeros(len(self.pool))
+            sd = np.ones(len(self.pool))
+        else:
+            X = self.encoder.transform_records(ok) if ok else np.zeros((0, self._X_pool.shape[1]))
+            y = -np.log(np.array([self.objective(r) for r in ok], dtype=float))
+            tm = StepTimeModel.from_priors(self.encoder, self.priors, random_state=self.seed)
+            tm.fit(X, y)
+            mu, sd = tm.predict(self._X_pool, return_std=True)
+            self._time_model = tm
+        p_oom = np.zeros(len(self.pool))
+        med = None
+        if mem_rows and self.hardware.memory_bytes:
+            Xm, mem, obs = self.encoder.memory_dataset(mem_rows)
+            mm = PeakMemoryModel.from_priors(self.encoder, self.priors, random_state=self.seed)
+            mm.fit(Xm, mem, obs)
+            p_oom = mm.p_oom(self._X_pool, float(self.hardware.memory_bytes))
+            med = mm.predict_quantiles(self._X_pool, (0.5,))[:, 0]
+            self._memory_model = mm
+        return _Fit(np.asarray(mu, float), np.maximum(np.asarray(sd, float), 1e-6),
+                    np.clip(np.asarray(p_oom, float), 0.0, 1.0), med)
+
+    def _plan_seeds(self) -> list[dict[str, Any]]:
+        plan: list[dict[str, Any]] = []
+        if self.include_baseline and self.baseline and config_key(self.baseline) in self._pool_keys:
+            plan.append({"config": self.baseline, "source": "baseline"})
+        k = self.n_init - len(plan)
+        if k <= 0:
+            return plan
+        if self.experience or self.priors:
+            fit = self._fit(self.experience)
+            safe = fit.p_oom <= self.max_oom_risk
+            if not safe.any():
+                safe = fit.p_oom <= np.quantile(fit.p_oom, 0.2)
+            idx = np.flatnonzero(safe)
+            top = idx[np.argsort(fit.mu[idx])[: max(5 * k, k)]]
+            order = maximin(self._X_pool[top], k, start=0)
+            source = "experience" if self.experience else "priors"
+            for j in order:
+                i = int(top[j])
+                plan.append({"config": self.pool[i], "source": source,
+                             "predicted": self._pred(fit, i)})
+        else:
+            rng = random.Random(self.seed)
+            start = rng.randrange(len(self.pool))
+            for i in maximin(self._X_pool, k, start=start):
+                plan.append({"config": self.pool[i], "source": "space-filling"})
+        return plan
+
+    def _pred(self, fit: _Fit, i: int) -> dict[str, float]:
+        out = {"objective": float(math.exp(-fit.mu[i])), "log_sd": float(fit.sd[i]),
+               "p_oom": float(fit.p_oom[i])}
+        if fit.mem_median is not None:
+            out["peak_memory_bytes"] = float(fit.mem_median[i])
+        return out
+
+    def _acquire(self, free: np.ndarray) -> Suggestion | None:
+        records = self.records
+        fit = self._fit(self.experience + records)
+        self._update_revisions()
+        own = [v for r in records if (v := self.objective(r)) is not None and v > 0]
+        best_y = -math.log(max(own)) if own else float(np.min(fit.mu[free]))
+        spent = len(self.observations) / max(self.budget, 1)
+        xi = 0.02 * max(0.0, 1.0 - spent)  # exploration margin shrinks with the budget
+        imp = best_y - fit.mu - xi
+        z = imp / fit.sd
+        ei = imp * norm.cdf(z) + fit.sd * norm.pdf(z)
+        ei = np.where(free, np.maximum(ei, 1e-12), -np.inf)
+        ei = ei * self._pending_penalty()
+        p_fit = 1.0 - fit.p_oom
+        acq = np.where(free, ei * p_fit, -np.inf)
+        safe = free & (fit.p_oom <= self.max_oom_risk)
+        if not safe.any():
+            if len(self.observations) >= 4 and float(np.max(p_fit[free])) < 0.05:
+                self.stop_reason = ("every remaining candidate is predicted to run out of memory "
+                                    f"(best P(fit) {float(np.max(p_fit[free])):.3f}); stopping to save trials")
+                return None
+            safe = free
+        i_safe = int(np.argmax(np.where(safe, acq, -np.inf)))
+        i_hungry = int(np.argmax(ei))
+        pairing = None
+        choice, origin = i_safe, "model"
+        if fit.p_oom[i_hungry] > self.max_oom_risk and i_hungry != i_safe:
+            j = self._pair(i_hungry, fit, safe)
+            if j is not None and acq[j] >= acq[i_safe]:
+                choice, origin = j, "pairing"
+                pairing = {
+                    "hungry": self.pool[i_hungry], "paired": self.pool[j],
+                    "changed": sorted(k for k in self.space.names
+                                      if self.pool[j][k] != self.pool[i_hungry][k]),
+                    "hungry_predicted": self._pred(fit, i_hungry),
+                    "paired_predicted": self._pred(fit, j),
+                }
+                self.pairings.append(pairing)
+        return Suggestion(dict(self.pool[choice]), origin, self._pred(fit, choice), pairing)
+
+    def _pair(self, i: int, fit: _Fit, safe: np.ndarray) -> int | None:
+        """Best memory-saving partner of candidate ``i``: the lowest time price per GiB saved."""
+        if fit.mem_median is None:
+            return None
+        base = self.pool[i]
+        best, best_price = None, math.inf
+        for j in np.flatnonzero(safe):
+            diff = sum(self.pool[j][k] != base[k] for k in self.space.names)
+            saved = (fit.mem_median[i] - fit.mem_median[j]) / 2**30
+            if diff == 0 or diff > 2 or saved <= 0:
+                continue
+            price = max(fit.mu[j] - fit.mu[i], 0.0) / saved
+            if price < best_price:
+                best, best_price = int(j), price
+        return best
+
+    def _pending_penalty(self) -> np.ndarray:
+        """Down-weight candidates next to configs still running (local penalization)."""
+        pen = np.ones(len(self.pool))
+        if not self.pending:
+            return pen
+        scale = self._X_pool.std(axis=0)
+        scale[scale < 1e-9] = 1.0
+        Z = self._X_pool / scale
+        for c in self.pending.values():
+            i = self._pool_keys.get(config_key(c))
+            if i is not None:
+                d = np.linalg.norm(Z - Z[i], axis=1)
+                pen *= 1.0 - np.exp(-(d**2))
+        return pen
+
+    def _update_revisions(self) -> None:
+        if not self.priors:
+            return
+        revs = revise_priors(self.priors, self.encoder, getattr(self, "_time_model", None),
+                             getattr(self, "_memory_model", None))
+        self.revisions = [r.to_dict() for r in revs]
+
+    def _check_stop(self) -> None:
+        own = self.records
+        if len(own) >= 3 and all(r.status is TrialStatus.ERROR for r in own):
+            kinds = sorted({r.error_kind.value for r in own if r.error_kind})
+            self.stop_reason = (
+                f"the first {len(own)} trials all failed ({', '.join(kinds)}): the workload looks "
+                f"broken, not slow. Last error: {own[-1].error_message[:300]}"
+            )
+
+    # ---- state ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "observations": self.observations,
+            "pending": self.pending,
+            "seed_plan": self.seed_plan,
+            "pairings": self.pairings,
+            "revisions": self.revisions,
+            "stop_reason": self.stop_reason,
+            "n_suggested": self.n_suggested,
+            "n_seeds_issued": self.n_seeds_issued,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.observations = list(state["observations"])
+        self.pending = dict(state.get("pending", {}))
+        self.seed_plan = list(state.get("seed_plan", []))
+        self.pairings = list(state.get("pairings", []))
+        self.revisions = list(state.get("revisions", []))
+        self.stop_reason = state.get("stop_reason")
+        self.n_suggested = int(state.get("n_suggested", 0))
+        self.n_seeds_issued = int(state.get("n_seeds_issued", 0))

@@ -1,0 +1,114 @@
+"""InfraRSISearcher: the search engine behind Ray Tune's ``Searcher`` protocol.
+
+Use it like any Tune search algorithm (see ``scripts/example_tuner.py``): the trainable runs one
+trial on a backend and reports ``{"objective": ..., "record": record.to_dict()}``. The searcher
+reads the record (status, censored memory, cost) rather than only the metric, so an OOM trial
+teaches the memory model instead of vanishing.
+
+Ray calls ``on_trial_complete(trial_id, error=True)`` with no result when a trial crashed, so
+the last result of each trial is kept from ``on_trial_result``; a trial with nothing reported
+is recorded as a crash of its config, never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ray.tune.search import Searcher
+
+from infrarsi.search.engine import SearchEngine
+from infrarsi.space import Config
+from infrarsi.trial import ErrorKind, TrialRecord, TrialStatus
+
+RECORD_KEY = "record"
+
+
+def record_from_result(result: dict[str, Any] | None) -> TrialRecord | None:
+    """The TrialRecord a trainable put in its result (a dict or its JSON), if any."""
+    if not result or RECORD_KEY not in result:
+        return None
+    raw = result[RECORD_KEY]
+    return TrialRecord.from_dict(json.loads(raw) if isinstance(raw, str) else raw)
+
+
+class InfraRSISearcher(Searcher):
+    """A Tune ``Searcher`` over a :class:`SearchEngine`.
+
+    ``on_record`` (optional) is called with ``(trial_id, record, origin, suggestion)`` for
+    every finished trial: the run stage writes the bank row and the progress line there.
+    ``state_path`` (optional) is rewritten atomically after every trial, so a killed driver
+    can resume from it.
+    """
+
+    def __init__(self, engine: SearchEngine, *, metric: str = "objective", mode: str = "max",
+                 state_path: str | os.PathLike | None = None, on_record=None) -> None:
+        super().__init__(metric=metric, mode=mode)
+        self.engine = engine
+        self.state_path = Path(state_path) if state_path else None
+        self.on_record = on_record
+        self._live: dict[str, dict[str, Any]] = {}  # trial_id -> suggestion summary
+        self._last: dict[str, dict[str, Any]] = {}  # trial_id -> last result reported
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        if metric:
+            self._metric = metric
+        if mode:
+            self._mode = mode
+        return True
+
+    def suggest(self, trial_id: str) -> Config | str | None:
+        sug = self.engine.suggest(trial_id)
+        if sug is None:
+            return Searcher.FINISHED
+        self._live[trial_id] = {"config": sug.config, "origin": sug.origin,
+                                "predicted": sug.predicted, "pairing": sug.pairing}
+        return dict(sug.config)
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        self._last[trial_id] = result
+
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None,
+                          error: bool = False) -> None:
+        live = self._live.pop(trial_id, None)
+        last = self._last.pop(trial_id, None)
+        record = record_from_result(result) or record_from_result(last)
+        if record is None and live is not None:
+            record = self._crashed(trial_id, live["config"], last)
+        if record is None:
+            return  # not ours (e.g. a trial restored from another searcher)
+        origin = live["origin"] if live else "restored"
+        self.engine.observe(record, origin, trial_id=trial_id)
+        if self.on_record is not None:
+            self.on_record(trial_id, record, origin, live)
+        if self.state_path is not None:
+            self.save(str(self.state_path))
+
+    def _crashed(self, trial_id: str, config: Config, last: dict | None) -> TrialRecord:
+        return TrialRecord(
+            trial_id=trial_id, config=config, status=TrialStatus.ERROR, backend="tune",
+            workload=self.engine.workload, hardware=self.engine.hardware,
+            error_kind=ErrorKind.CRASH,
+            error_message="the trial process failed before reporting a result",
+            device_seconds=float((last or {}).get("device_seconds", 0.0)),
+        )
+
+    # ---- state survives a driver restart ----------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {"engine": self.engine.state_dict(), "live": self._live}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.engine.load_state_dict(state["engine"])
+        self._live = dict(state.get("live", {}))
+
+    def save(self, checkpoint_path: str) -> None:
+        path = Path(checkpoint_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.get_state(), default=str))
+        os.replace(tmp, path)
+
+    def restore(self, checkpoint_path: str) -> None:
+        self.set_state(json.loads(Path(checkpoint_path).read_text()))
