@@ -97,7 +97,7 @@ def _warm_start(dist, X, log_t, observed, m, s, sign, strength) -> np.ndarray:
             z = r / np.exp(la)
             lsf = log_ndtr(-z)
             h = np.exp(-0.5 * z**2 - 0.5 * np.log(2 * np.pi) - lsf)
-            ll = np.where(obs, -0.5 * z**2 - la, lsf)
+            ll = np.where(obs, -0.5 * z**2 - la - 0.5 * np.log(2 * np.pi), lsf)
             dmu = np.where(obs, z, h) / np.exp(la)
             dla = np.where(obs, z**2 - 1, h * z)
         else:  # log T = mu + Gumbel_min / rho
@@ -116,7 +116,19 @@ def _warm_start(dist, X, log_t, observed, m, s, sign, strength) -> np.ndarray:
     la0 = np.log(spread) if lognormal else np.log(1.2825 / spread)
     b00 = float(np.mean(log_t)) + (0.0 if lognormal else 0.5772 * spread / 1.2825)
     th0 = np.concatenate([center, [b00, la0]])
-    return minimize(f, th0, jac=True, method="L-BFGS-B").x
+    res = minimize(f, th0, jac=True, method="L-BFGS-B")
+    return res.x, float(res.fun)
+
+
+def select_family(X, log_t, observed, m, s, sign, strength) -> tuple[str, dict, np.ndarray]:
+    """Pick log-normal or Weibull by AIC of the penalized fit (same parameter count, so the
+    lower penalized negative log-likelihood wins); returns the winner's warm start too."""
+    fits = {d: _warm_start(d, X, log_t, observed, m, s, sign, strength)
+            for d in ("lognormal", "weibull")}
+    k = X.shape[1] + 2
+    aic = {d: 2 * len(log_t) * fun + 2 * k for d, (_, fun) in fits.items()}
+    best = min(aic, key=aic.get)
+    return best, aic, fits[best][0]
 
 
 def fit_aft(dist, X, log_t, observed, m, s, sign, strength, warm=None) -> AFTFit:
@@ -124,7 +136,7 @@ def fit_aft(dist, X, log_t, observed, m, s, sign, strength, warm=None) -> AFTFit
     cls = _LogNormal if dist == "lognormal" else _Weibull
     primary, anc = _PRIMARY[dist]
     if warm is None:
-        warm = _warm_start(dist, X, log_t, observed, m, s, sign, strength)
+        warm, _ = _warm_start(dist, X, log_t, observed, m, s, sign, strength)
     names = [f"x{j}" for j in range(X.shape[1])]
     df = pd.DataFrame(X, columns=names)
     df["T"] = np.exp(log_t)
