@@ -93,7 +93,7 @@ def timed(fn, repeat: int = 1):
     return out, statistics.median(times)
 
 
-def bench_size(n: int, tmp: Path) -> None:
+def bench_size(n: int, tmp: Path, parts: set[str]) -> None:
     url = f"sqlite:///{tmp / f'bench-{n}.sqlite'}"
     bank = ExperienceBank.open(url)
     w, h = signatures(1)[0][0], signatures(1)[1][0]
@@ -107,6 +107,16 @@ def bench_size(n: int, tmp: Path) -> None:
     print(f"[sqlite {n:,}] insert: one trial per transaction {calls / t_single:,.0f} trials/s "
           f"({calls} calls); batched record_trials {(n - calls) / t_fill:,.0f} trials/s; "
           f"rows {total:,}")
+    if "query" in parts:
+        bench_query(bank, n, rid, w, h, calls)
+    if "nearest" in parts:
+        bench_nearest(bank, n)
+    if "bundle" in parts:
+        bench_bundle(bank, n, tmp)
+    bank.close()
+
+
+def bench_query(bank, n, rid, w, h, calls) -> None:
     recs_all, t_all = timed(lambda: bank.trials())
     _, t_run = timed(lambda: bank.trials(rid), repeat=3)
     _, t_cnt = timed(lambda: bank.count_trials(), repeat=3)
@@ -115,6 +125,9 @@ def bench_size(n: int, tmp: Path) -> None:
           f"({t_all:.2f} s); one run ({calls} trials) {t_run * 1e3:.0f} ms; "
           f"count by status {t_cnt * 1e3:.1f} ms; workload+hardware+status filter "
           f"{t_oom * 1e3:.1f} ms")
+
+
+def bench_nearest(bank, n) -> None:
     wls, hws = signatures(40)
     lat = []
     for q in range(30):
@@ -127,6 +140,9 @@ def bench_size(n: int, tmp: Path) -> None:
           f"p90 {sorted(lat)[int(len(lat) * 0.9)] * 1e3:.1f} ms over {len(lat)} queries "
           f"({len(near)} trials returned; {sum(s.num_trials for s in sig):,} trials in the 5 "
           f"nearest signatures)")
+
+
+def bench_bundle(bank, n, tmp) -> None:
     out = tmp / f"bundle-{n}"
     _, t_exp = timed(lambda: bank.export(out))
     size = sum(f.stat().st_size for f in out.iterdir())
@@ -137,7 +153,6 @@ def bench_size(n: int, tmp: Path) -> None:
           f"{t_imp:.1f} s ({summary['trials']['inserted']:,} trials); re-import (no change) "
           f"{t_re:.1f} s")
     other.close()
-    bank.close()
 
 
 WRITER = """
@@ -184,11 +199,16 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     p.add_argument("--writers", type=int, default=4)
     p.add_argument("--writer-trials", type=int, default=300)
+    p.add_argument("--parts", nargs="+", default=["query", "nearest", "bundle", "writers"],
+                   choices=["query", "nearest", "bundle", "writers"])
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-bank-"))
     try:
+        print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         for n in args.sizes:
-            bench_size(n, tmp)
+            bench_size(n, tmp, set(args.parts))
+        if "writers" not in args.parts:
+            return
         bench_writers(f"sqlite:///{tmp / 'conc.sqlite'}", "sqlite", args.writers, args.writer_trials)
         pg = os.environ.get("INFRARSI_TEST_POSTGRES_URL")
         if pg:

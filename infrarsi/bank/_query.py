@@ -45,8 +45,9 @@ class QueryMixin(BankCore):
         return self._store.tx(lambda c: self._nearest_pairs(c, workload, hardware, k),
                               write=False)
 
-    def _nearest_pairs(self, conn, workload, hardware, k) -> list[SignatureMatch]:
-        t, sp = S.trials, S.signature_pairs
+    def _ranked_pairs(self, conn, workload, hardware) -> list[tuple[float, str, str]]:
+        """Every (workload, hardware) pair with finished trials, nearest first."""
+        sp = S.signature_pairs
         pairs = conn.execute(sa.select(sp.c.workload_key, sp.c.hardware_key)).all()
         if not pairs:
             return []
@@ -59,14 +60,19 @@ class QueryMixin(BankCore):
             names = np.array([hw[p[1]][2] != hardware.device_name for p in pairs])
             d2 = d2 + names * C.DEVICE_NAME_MISMATCH**2
         dist = np.sqrt(d2)
-        order = np.argsort(dist, kind="stable")[:k]
+        return [(float(dist[i]), *pairs[i]) for i in np.argsort(dist, kind="stable")]
+
+    def _nearest_pairs(self, conn, workload, hardware, k) -> list[SignatureMatch]:
+        t = S.trials
+        ranked = self._ranked_pairs(conn, workload, hardware)[:k]
+        cache = self.__dict__.get("_sig_cache", {"w": {}, "h": {}})
+        wl, hw = cache["w"], cache["h"]
         out = []
-        for i in order:
-            wk, hk = pairs[i]
+        for dist, wk, hk in ranked:
             n = conn.execute(sa.select(sa.func.count()).select_from(t).where(
                 t.c.workload_key == wk, t.c.hardware_key == hk, t.c.state == FINISHED)).scalar_one()
             out.append(SignatureMatch(
-                float(dist[i]), WorkloadSignature.from_dict(C.loads(wl[wk][1])),
+                dist, WorkloadSignature.from_dict(C.loads(wl[wk][1])),
                 HardwareFingerprint.from_dict(C.loads(hw[hk][1])), int(n)))
         return out
 
@@ -88,15 +94,14 @@ class QueryMixin(BankCore):
 
         def _do(conn: sa.Connection) -> list[Neighbour]:
             out: list[Neighbour] = []
-            for match in self._nearest_pairs(conn, workload, hardware, max(k, 5)):
+            for dist, wk, hk in self._ranked_pairs(conn, workload, hardware):
                 q = (sa.select(t.c.record, t.c.run_id, t.c.origin)
-                     .where(t.c.state == FINISHED,
-                            t.c.workload_key == C.workload_key(match.workload),
-                            t.c.hardware_key == C.hardware_key(match.hardware))
+                     .where(t.c.state == FINISHED, t.c.workload_key == wk,
+                            t.c.hardware_key == hk)
                      .order_by(*order).limit(k - len(out)))
                 if wanted is not None:
                     q = q.where(t.c.status.in_(wanted))
-                out.extend(Neighbour(match.distance, TrialRecord.from_dict(C.loads(r.record)),
+                out.extend(Neighbour(dist, TrialRecord.from_dict(C.loads(r.record)),
                                      r.run_id, r.origin) for r in conn.execute(q))
                 if len(out) >= k:
                     break
