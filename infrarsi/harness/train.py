@@ -125,6 +125,14 @@ def train_worker(payload: dict[str, Any]) -> dict[str, Any]:
     the true peak), ``CompileFailure`` when torch.compile fails, ``IllegalConfigError`` when
     ``num_workers`` does not match the job's world size.
     """
+    threads = torch.get_num_threads()
+    try:
+        return _train(payload)
+    finally:
+        torch.set_num_threads(threads)  # in-process callers keep their own setting
+
+
+def _train(payload: dict[str, Any]) -> dict[str, Any]:
     spec = TaskSpec.from_dict(payload["task"])
     config = dict(payload["config"])
     capacity = payload.get("capacity_bytes")
