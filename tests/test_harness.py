@@ -246,5 +246,5 @@ def test_expert_parallel_matches_replicated_experts():
 def test_two_rank_oom_raises_on_every_rank():
     from infrarsi.harness._local import run_local
 
-    results = run_local(payload(tiny_spec(), capacity=1 << 20, num_workers=2), 2)
+    results = run_local(payload(tiny_spec(), capacity=1 << 16, num_workers=2), 2)
     assert all(isinstance(r, torch.OutOfMemoryError) for r in results), results
