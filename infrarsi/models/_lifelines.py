@@ -116,7 +116,8 @@ def _warm_start(dist, X, log_t, observed, m, s, sign, strength) -> np.ndarray:
     la0 = np.log(spread) if lognormal else np.log(1.2825 / spread)
     b00 = float(np.mean(log_t)) + (0.0 if lognormal else 0.5772 * spread / 1.2825)
     th0 = np.concatenate([center, [b00, la0]])
-    res = minimize(f, th0, jac=True, method="L-BFGS-B")
+    res = minimize(f, th0, jac=True, method="L-BFGS-B",
+                   options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-10})
     return res.x, float(res.fun)
 
 
@@ -137,7 +138,7 @@ def fit_aft(dist, X, log_t, observed, m, s, sign, strength, warm=None) -> AFTFit
     primary, anc = _PRIMARY[dist]
     if warm is None:
         warm, _ = _warm_start(dist, X, log_t, observed, m, s, sign, strength)
-    names = [f"x{j}" for j in range(X.shape[1])]
+    names = [f"x{j:04d}" for j in range(X.shape[1])]  # sort-stable names
     df = pd.DataFrame(X, columns=names)
     df["T"] = np.exp(log_t)
     df["E"] = np.asarray(observed, dtype=bool)
