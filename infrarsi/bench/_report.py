@@ -128,11 +128,12 @@ def _row(label: str, c: dict[str, Any]) -> str:
     return (f"  {label:<26} {c['geomean_fraction']:>6.3f} {c['geomean_fraction_found']:>6.3f} "
             f"{c['mean_fraction']:>6.3f} "
             f"{c['found_nothing']:>4d} {c['mean_fail_share']:>6.1%} {c['mean_device_h_failed']:>8.2f} "
-            f"{c['reached_95_share']:>6.0%} {t95:>5} {c['mean_trials']:>6.1f} {c['mean_not_run']:>7.1f}")
+            f"{c['reached_95_share']:>6.0%} {t95:>5} {c['mean_trials']:>6.1f} {c['mean_not_run']:>7.1f} "
+            f"{c['fallbacks'] / c['runs']:>6.2f}")
 
 
 _HEADER = (f"  {'searcher':<26} {'geo':>6} {'geo>0':>6} {'mean':>6} {'none':>4} {'fail':>6} {'fail dev-h':>8} "
-           f"{'≥95%':>6} {'t95':>5} {'trials':>6} {'not-run':>7}")
+           f"{'≥95%':>6} {'t95':>5} {'trials':>6} {'not-run':>7} {'fallbk':>6}")
 
 
 def format_report(summary: dict[str, Any], *, per_workload: bool = True) -> str:
@@ -155,7 +156,7 @@ def format_report(summary: dict[str, Any], *, per_workload: bool = True) -> str:
         "geo/mean: best found / best in space (geo-mean floors at 1%); geo>0: geo-mean over runs "
         "that found a config that ran; none: runs that found none; fail: share of trials OOM or failed; fail dev-h: device-hours spent on "
         "them per run; ≥95%: runs reaching 95% of best; t95: median trials to get there; "
-        "not-run: unmeasured samples refused per run (free)")
+        "not-run: unmeasured samples refused per run (free); fallbk: random fallbacks per run")
     lines.append(
         "rule: per-knob samplers draw the searched knobs from their measured values; a combination "
         "never measured is answered 'not run' (an errored trial to the searcher, no budget, no "
