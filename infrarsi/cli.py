@@ -89,6 +89,18 @@ def _print_record_details(record) -> None:
         print(f"  {record.error_message}")
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from infrarsi.contract import resolve_run_dir
+    from infrarsi.search.run_stage import run_search
+
+    run_dir = resolve_run_dir(args.run_dir)
+    outcome = run_search(run_dir, budget=args.budget, resume=args.resume,
+                         verify_top=args.verify_top, pairs=args.pairs,
+                         max_concurrent=args.max_concurrent, local_mode=args.local_mode,
+                         bank_url=args.bank_url, use_experience=not args.cold)
+    return EXIT_OK if outcome.trials else EXIT_FAILED
+
+
 def _not_built(stage: str, issue: str):
     def run(args: argparse.Namespace) -> int:
         raise NotBuiltYetError(f"`infrarsi {stage}` is not built yet ({issue}); "
@@ -122,7 +134,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run in this process with ScalingConfig(num_workers=0)")
     s.set_defaults(func=cmd_trial)
 
-    for stage, issue in (("doctor", "the doctor issue"), ("run", "the run-stage issue"),
+    s = sub.add_parser("run", help="search knobs with real trials, then verify and promote")
+    s.add_argument("--budget", type=int, required=True,
+                   help="search trials to spend (verification comes on top); 12 is a good start on CPU")
+    s.add_argument("--run-dir", help="run directory from `infrarsi init` (default: the last one)")
+    s.add_argument("--resume", action="store_true",
+                   help="continue a run whose driver died, from the bank and the searcher state")
+    s.add_argument("--verify-top", type=int, default=2,
+                   help="how many of the best configs to re-measure against the baseline")
+    s.add_argument("--pairs", type=int, default=3,
+                   help="interleaved baseline/candidate pairs per verification (more: tighter CI)")
+    s.add_argument("--max-concurrent", type=int, default=1,
+                   help="trials at once (each is a Ray Train job of its own size)")
+    s.add_argument("--bank-url", help="experience bank URL (default: task spec, $INFRARSI_BANK_URL, "
+                   "else experience_db/bank.sqlite)")
+    s.add_argument("--cold", action="store_true", help="ignore experience from the bank")
+    s.add_argument("--local-mode", action="store_true",
+                   help="run trials in-process (no Ray Train workers; for quick checks)")
+    s.set_defaults(func=cmd_run)
+
+    for stage, issue in (("doctor", "the doctor issue"),
                          ("report", "the report issue"), ("apply", "the report/apply issue")):
         s = sub.add_parser(stage, help=f"{stage} stage (not built yet)")
         s.add_argument("--run-dir")

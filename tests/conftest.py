@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "configs" / "tasks"
@@ -35,3 +37,30 @@ def ultrascale_csv() -> Path:
     if not path.is_file():
         pytest.skip(f"measured data not found at {path} (set INFRARSI_DATA_DIR)")
     return path
+
+
+def copy_task(tmp_path: Path, name: str = "cpu_dense.yaml", **overrides) -> Path:
+    """A task spec in ``tmp_path`` pointing at a private copy of the reference workspace.
+
+    ``overrides`` use dotted keys, e.g. ``**{"trial.timeout_s": 20}``.
+    """
+    data = yaml.safe_load((TASKS / name).read_text())
+    src = (TASKS / data["workload"]["workspace"]).resolve()
+    shutil.copytree(src, tmp_path / "ws", ignore=shutil.ignore_patterns("__pycache__"))
+    data["workload"]["workspace"] = "ws"
+    data["run_dir"] = str(tmp_path / "run")
+    for dotted, value in overrides.items():
+        node = data
+        *head, last = dotted.split(".")
+        for k in head:
+            node = node.setdefault(k, {})
+        node[last] = value
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def inject_into_dense(task_path: Path, code: str) -> None:
+    """Append ``code`` to the copied workspace's models/dense.py (a user's code change)."""
+    dense = task_path.parent / "ws" / "models" / "dense.py"
+    dense.write_text(dense.read_text() + "\n" + code)

@@ -54,5 +54,5 @@ class Backend(abc.ABC):
         """Higher is better; None when the trial produced no measurement."""
         return record.tokens_per_s if record.ok else None
 
-    def close(self) -> None:
-        """Release what the backend holds (processes, files). Idempotent."""  # noqa: B027
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release what the backend holds (processes, files). Idempotent."""

@@ -20,7 +20,7 @@ def init_task(task: str | Path | TaskSpec, *, run_dir: Path | None = None,
     Train job of the baseline config), so the reference and the trials share the harness.
     """
     from infrarsi.backends.ray_train import RayTrainBackend
-    from infrarsi.harness import model_stats
+    from infrarsi.workloads.shape import shape_stats
 
     spec = task if isinstance(task, TaskSpec) else load_task(task)
     run_dir = Path(run_dir) if run_dir else spec.run_path()
@@ -35,7 +35,7 @@ def init_task(task: str | Path | TaskSpec, *, run_dir: Path | None = None,
             "(e.g. a smaller micro_batch_size or activation_checkpointing) and re-run init."
         )
     contract = lock(spec, baseline_config=baseline, loss_trace=record.loss_trace,
-                    model_stats=model_stats(spec.to_dict()))
+                    model_stats={**shape_stats(spec), **record.extra})
     path = contract.save(run_dir)
     _point_latest(run_dir)
     return contract, path, record

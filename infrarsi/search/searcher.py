@@ -37,6 +37,8 @@ def record_from_result(result: dict[str, Any] | None) -> TrialRecord | None:
 class InfraRSISearcher(Searcher):
     """A Tune ``Searcher`` over a :class:`SearchEngine`.
 
+    ``on_suggest`` (optional) is called with ``(trial_id, config, origin)`` before a trial
+    starts (the run stage opens the trial's heartbeat row in the bank there).
     ``on_record`` (optional) is called with ``(trial_id, record, origin, suggestion)`` for
     every finished trial: the run stage writes the bank row and the progress line there.
     ``state_path`` (optional) is rewritten atomically after every trial, so a killed driver
@@ -44,11 +46,13 @@ class InfraRSISearcher(Searcher):
     """
 
     def __init__(self, engine: SearchEngine, *, metric: str = "objective", mode: str = "max",
-                 state_path: str | os.PathLike | None = None, on_record=None) -> None:
+                 state_path: str | os.PathLike | None = None, on_record=None,
+                 on_suggest=None) -> None:
         super().__init__(metric=metric, mode=mode)
         self.engine = engine
         self.state_path = Path(state_path) if state_path else None
         self.on_record = on_record
+        self.on_suggest = on_suggest
         self._live: dict[str, dict[str, Any]] = {}  # trial_id -> suggestion summary
         self._last: dict[str, dict[str, Any]] = {}  # trial_id -> last result reported
 
@@ -65,6 +69,8 @@ class InfraRSISearcher(Searcher):
             return Searcher.FINISHED
         self._live[trial_id] = {"config": sug.config, "origin": sug.origin,
                                 "predicted": sug.predicted, "pairing": sug.pairing}
+        if self.on_suggest is not None:
+            self.on_suggest(trial_id, sug.config, sug.origin)
         return dict(sug.config)
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:

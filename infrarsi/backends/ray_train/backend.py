@@ -29,6 +29,7 @@ from infrarsi.trial import (
     WorkloadSignature,
 )
 from infrarsi.workloads import build_torch_space
+from infrarsi.workloads.shape import shape_stats
 
 GIB = 2**30
 # Time to start a Train worker group on a busy 2-core box is ~30 s; the trial timeout in the
@@ -37,10 +38,8 @@ STARTUP_ALLOWANCE_S = 120.0
 
 
 def workload_signature(spec: TaskSpec) -> WorkloadSignature:
-    from infrarsi.harness import model_stats
-
     wl, shape = spec.workload, spec.workload.shape
-    stats = model_stats(spec.to_dict())
+    stats = shape_stats(spec)
     return WorkloadSignature(
         model_family=wl.family,
         num_params=int(stats["num_params"]),

@@ -1,0 +1,227 @@
+"""Everything a run holds open: contract, backend, bank, run lock, heartbeats, run id."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from infrarsi.contract import Contract
+from infrarsi.errors import BankError, InfraRSIError
+from infrarsi.trial import SoftwareVersions, TrialRecord
+
+RUN_FILE = "run.json"
+LOCK_FILE = "run.lock"
+HEARTBEAT_S = 10.0
+
+
+class RunLockedError(InfraRSIError):
+    """Another live driver is running this task's run directory."""
+
+
+class RunSession:
+    """Opened by :meth:`open` as a context manager; closes heartbeats, lock and bank on exit.
+
+    Two runs of the same task at once are refused (a pid lock in the run directory): they would
+    share a searcher state and a bank run, and their trials would compete for the same CPUs.
+    """
+
+    def __init__(self, run_dir: Path, contract: Contract, progress: Callable[[str], None],
+                 local_mode: bool) -> None:
+        from infrarsi.backends.ray_train import RayTrainBackend
+
+        self.run_dir = run_dir
+        self.contract = contract
+        self.spec = contract.spec()
+        self.progress = progress
+        self.local_mode = local_mode
+        self.backend = RayTrainBackend(self.spec, contract=contract, local_mode=local_mode)
+        self.bank = None
+        self.run_id = ""
+        self.seed = contract.loss_reference.get("seed", 0)
+        self.baseline_step_s: float | None = None
+        self.mde: float | None = None
+        self._beats: dict[str, Any] = {}
+
+    # ---- lifecycle --------------------------------------------------------------------
+    @classmethod
+    def open(cls, run_dir: Path, *, resume: bool, bank_url: str | None, local_mode: bool,
+             progress: Callable[[str], None]) -> RunSession:
+        contract = Contract.load(run_dir)
+        contract.verify_frozen()
+        session = cls(run_dir, contract, progress, local_mode)
+        session._lock()
+        try:
+            session._open_bank(bank_url)
+            session._start_or_resume(resume)
+            session._load_doctor()
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    def __enter__(self) -> RunSession:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None and self.bank is not None and self.run_id:
+            try:
+                self.bank.finish_run(self.run_id, "failed")
+            except Exception:  # noqa: BLE001 - the original error matters more
+                pass
+        self.close()
+
+    def close(self) -> None:
+        for beat in list(self._beats.values()):
+            beat.__exit__(None, None, None)
+        self._beats.clear()
+        if self.bank is not None:
+            self.bank.close()
+            self.bank = None
+        lock = self.run_dir / LOCK_FILE
+        if lock.is_file() and lock.read_text().strip() == str(os.getpid()):
+            lock.unlink()
+
+    def _lock(self) -> None:
+        lock = self.run_dir / LOCK_FILE
+        if lock.is_file():
+            pid = int(lock.read_text().strip() or 0)
+            if pid and pid != os.getpid() and psutil.pid_exists(pid):
+                raise RunLockedError(
+                    f"{self.run_dir} is being run by process {pid}; two runs of the same task at "
+                    "once are refused. Wait for it, or stop it and use `infrarsi run --resume`."
+                )
+        lock.write_text(str(os.getpid()))
+
+    def _open_bank(self, url: str | None) -> None:
+        from infrarsi.bank import ExperienceBank
+
+        url = url or self.spec.bank.url
+        try:
+            self.bank = ExperienceBank.open(url, retry_s=10.0)
+        except BankError as e:
+            fallback = f"sqlite:///{(self.run_dir / 'bank.sqlite').resolve()}"
+            self.progress(f"warning: the experience bank is unreachable ({e}); running cold with "
+                          f"a local bank at {fallback}")
+            self.bank = ExperienceBank.open(fallback, seed=False)
+
+    def _start_or_resume(self, resume: bool) -> None:
+        run_file = self.run_dir / RUN_FILE
+        previous = json.loads(run_file.read_text()) if run_file.is_file() else None
+        if resume and previous is None:
+            raise InfraRSIError(f"--resume: no earlier run in {self.run_dir}; start one with "
+                                "`infrarsi run --budget N`")
+        run_id = previous["run_id"] if resume else None
+        self.run_id = self.bank.start_run(
+            self.spec.name, self.contract.sha256, self.backend.workload, self.backend.hardware,
+            SoftwareVersions.current(), {"run_dir": str(self.run_dir.resolve())}, run_id=run_id)
+        if resume:
+            closed = self.bank.close_stale_trials(self.run_id, older_than_s=0)
+            if closed:
+                self.progress(f"resume: {len(closed)} trial(s) left open by the dead driver were "
+                              f"closed as interrupted: {', '.join(closed)}")
+        run_file.write_text(json.dumps({"run_id": self.run_id}))
+
+    def _load_doctor(self) -> None:
+        entry = self.bank.latest_baseline(self.backend.workload, self.backend.hardware)
+        if entry is None:
+            return
+        noise = entry.payload.get("noise", entry.payload)
+        self.mde = noise.get("mde")
+        self.baseline_step_s = entry.payload.get("baseline_step_s") or noise.get("baseline_step_s")
+
+    # ---- during the run ---------------------------------------------------------------
+    def experience(self) -> list[TrialRecord]:
+        """Finished trials of other runs, nearest signatures first (this run excluded)."""
+        try:
+            near = self.bank.nearest(self.backend.workload, self.backend.hardware, k=400)
+        except BankError as e:
+            self.progress(f"warning: experience query failed ({e}); starting cold")
+            return []
+        return [n.record for n in near if n.run_id != self.run_id]
+
+    def priors(self) -> list:
+        try:
+            from infrarsi.proposers import ExpertProposer
+        except ImportError:
+            return []
+        try:
+            return list(ExpertProposer().priors({"space": self.backend.space,
+                                                 "workload": self.backend.workload,
+                                                 "hardware": self.backend.hardware}))
+        except Exception as e:  # noqa: BLE001 - priors are advice; a broken one must not stop a run
+            self.progress(f"warning: the expert proposer failed ({e}); searching without priors")
+            return []
+
+    def open_trial(self, trial_id: str, config: dict, origin: str) -> None:
+        from infrarsi.bank import TrialHeartbeat
+
+        beat = TrialHeartbeat(self.bank, self.run_id, trial_id, config, every_s=HEARTBEAT_S,
+                              origin=origin, backend=self.backend.name)
+        beat.__enter__()
+        self._beats[trial_id] = beat
+
+    def record(self, record: TrialRecord, origin: str) -> None:
+        beat = self._beats.pop(record.trial_id, None)
+        if beat is not None:
+            beat.__exit__(None, None, None)
+        self.bank.record_trial(self.run_id, record, origin)
+
+    def save_state(self, state: dict[str, Any]) -> None:
+        self.bank.save_state(self.run_id, "searcher", state)
+
+    def restore_engine(self, engine, state_path: Path) -> None:
+        """Rebuild the searcher state; add bank trials the state missed (killed mid-save)."""
+        state = self.bank.load_state(self.run_id, "searcher")
+        if state is None and state_path.is_file():
+            state = json.loads(state_path.read_text()).get("engine")
+        if state is not None:
+            engine.load_state_dict(state)
+        engine.pending.clear()  # trials of the dead driver were closed as interrupted
+        known = {o["record"]["trial_id"] for o in engine.observations}
+        origins = self.bank.trial_origins(self.run_id)
+        for rec in self.bank.trials(self.run_id):
+            origin = origins.get(rec.trial_id, "")
+            if rec.trial_id not in known and not origin.startswith("verify"):
+                engine.observations.append({"record": rec.to_dict(), "origin": origin})
+        self.progress(f"resume: {len(engine.observations)} trial(s) already done")
+
+    def promote(self, verdict) -> None:
+        self.bank.record_promotion(self.run_id, verdict.config, [], verdict.to_dict())
+
+    def finish(self, status: str) -> None:
+        self.bank.finish_run(self.run_id, status)
+
+    # ---- Ray --------------------------------------------------------------------------
+    def ensure_ray(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            address = os.environ.get("RAY_ADDRESS")
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                      "configure_logging": False}
+            if not address:
+                kwargs["resources"] = {TRIAL_DRIVER_RESOURCE: 64}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ray.init(address=address or None, **kwargs)
+
+    def trial_driver_resources(self) -> dict[str, float]:
+        """What a Tune trial's own process holds: no CPU (its Train workers hold those)."""
+        import ray
+
+        if ray.cluster_resources().get(TRIAL_DRIVER_RESOURCE):
+            return {"cpu": 0, "custom_resources": {TRIAL_DRIVER_RESOURCE: 1}}
+        # A cluster started without the custom resource: a sliver of memory keeps the trial's
+        # placement bundle non-empty without taking a CPU from the workers.
+        return {"cpu": 0, "memory": 1 << 20}
+
+
+# Started on the local Ray by the run stage (and documented for clusters in cluster/):
+# one unit per concurrent trial driver, so Tune's trial processes never take a worker's CPU.
+TRIAL_DRIVER_RESOURCE = "infrarsi_trial_driver"

@@ -1,0 +1,181 @@
+"""The run stage: Ray Tune drives InfraRSISearcher over real trials, then verification.
+
+Flow: load the contract (frozen files re-checked) -> open the bank (warn and run cold when it
+is unreachable) -> take the run lock -> start or resume the run in the bank -> seed the engine
+with experience (nearest signatures) and proposer priors -> Ray Tune runs the trials, each a Ray
+Train job through the backend; every finished trial is written to the bank and to the progress
+table, the searcher state is saved after each -> the top candidates are re-measured interleaved
+with the baseline and the best one that clears doctor's noise floor is promoted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infrarsi.contract import Contract
+from infrarsi.errors import InfraRSIError
+from infrarsi.search._progress import Progress
+from infrarsi.search._session import RunSession
+from infrarsi.search.engine import SearchEngine
+from infrarsi.search.searcher import InfraRSISearcher
+from infrarsi.search.verify import DEFAULT_MDE, Verdict, verify_candidate
+from infrarsi.space import config_key
+from infrarsi.trial import TrialRecord
+
+STATE_FILE = "searcher_state.json"
+OUTCOME_FILE = "run_outcome.json"
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    trials: int
+    best: TrialRecord | None
+    verdicts: list[Verdict] = field(default_factory=list)
+    promoted: Verdict | None = None
+    stop_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "trials": self.trials,
+            "best": self.best.to_dict() if self.best else None,
+            "verdicts": [v.to_dict() for v in self.verdicts],
+            "promoted": self.promoted.to_dict() if self.promoted else None,
+            "stop_reason": self.stop_reason,
+        }
+
+
+def _trainable(config: dict[str, Any], *, spec_dict: dict[str, Any], run_dir: str,
+               local_mode: bool) -> None:
+    """One Tune trial: one Ray Train job of ``config``; reports the whole record."""
+    from ray import tune
+
+    from infrarsi.backends.ray_train import RayTrainBackend
+    from infrarsi.contract import TaskSpec
+
+    contract = Contract.load(Path(run_dir))  # re-verifies frozen files in the trial process
+    backend = RayTrainBackend(TaskSpec.from_dict(spec_dict), contract=contract, local_mode=local_mode)
+    trial_id = tune.get_context().get_trial_id()
+    record = backend.execute(config, trial_id=trial_id)
+    tune.report({"objective": backend.objective(record) or 0.0, "record": record.to_dict(),
+                 "status": record.status.value, "device_seconds": record.device_seconds})
+
+
+def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: int = 2,
+               pairs: int = 3, max_concurrent: int = 1, local_mode: bool = False,
+               bank_url: str | None = None, progress: Callable[[str], None] = print,
+               use_experience: bool = True) -> RunOutcome:
+    """Search ``budget`` trials, verify the best, promote what clears the noise floor."""
+    if budget < 1:
+        raise InfraRSIError(f"--budget {budget}: give at least 1 trial")
+    run_dir = Path(run_dir)
+    with RunSession.open(run_dir, resume=resume, bank_url=bank_url, local_mode=local_mode,
+                         progress=progress) as session:
+        engine = _engine(session, budget, use_experience)
+        state_path = run_dir / STATE_FILE
+        if resume:
+            session.restore_engine(engine, state_path)
+        table = Progress(progress, baseline_step_s=session.baseline_step_s)
+        done = len(engine.observations)
+        if done < budget and not engine.stop_reason:
+            table.header(budget, engine.n_init)
+            _tune(session, engine, budget - done, state_path, table, max_concurrent)
+        outcome = RunOutcome(session.run_id, len(engine.observations), None,
+                             stop_reason=engine.stop_reason)
+        best = engine.best()
+        outcome.best = best[0] if best else None
+        if engine.stop_reason:
+            progress(f"search stopped: {engine.stop_reason}")
+        outcome.verdicts = _verify(session, engine, verify_top, pairs, table)
+        winners = [v for v in outcome.verdicts if v.promoted]
+        if winners:
+            outcome.promoted = max(winners, key=lambda v: (v.ci_low or 0.0, v.speedup or 0.0))
+            session.promote(outcome.promoted)
+        (run_dir / OUTCOME_FILE).write_text(json.dumps(outcome.to_dict(), indent=2, default=str))
+        table.summary(outcome)
+        session.finish("finished")
+    return outcome
+
+
+def _engine(session: RunSession, budget: int, use_experience: bool) -> SearchEngine:
+    backend = session.backend
+    experience = session.experience() if use_experience else []
+    if use_experience and not experience:
+        session.progress("no experience in the bank for this workload yet: starting cold")
+    return SearchEngine(
+        backend.space, backend.workload, backend.hardware, budget=budget,
+        seed=session.seed, experience=experience, priors=session.priors(),
+        objective=backend.objective, baseline=backend.baseline_config(),
+        include_baseline=session.baseline_step_s is None,
+    )
+
+
+def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
+          table: Progress, max_concurrent: int) -> None:
+    import ray
+    from ray import tune
+
+    session.ensure_ray()
+
+    def on_record(trial_id: str, record: TrialRecord, origin: str, live: dict | None) -> None:
+        session.record(record, origin)
+        if origin.startswith("seed:baseline") and record.ok:
+            session.baseline_step_s = table.baseline_step_s = record.step_time_s
+        table.row(len(engine.observations), record, origin, live)
+        session.save_state(engine.state_dict())
+
+    searcher = InfraRSISearcher(engine, state_path=state_path, on_record=on_record,
+                                on_suggest=session.open_trial)
+    trainable = tune.with_parameters(_trainable, spec_dict=session.spec.to_dict(),
+                                     run_dir=str(session.run_dir), local_mode=session.local_mode)
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, session.trial_driver_resources()),
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=n,
+                                    max_concurrent_trials=max_concurrent),
+        run_config=tune.RunConfig(
+            name=f"infrarsi-{session.run_id}-{int(time.time())}",
+            storage_path=str(session.run_dir / "tune"), verbose=0, log_to_file=False,
+            failure_config=tune.FailureConfig(max_failures=0),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False)),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuner.fit()
+    del ray
+
+
+def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
+            table: Progress) -> list[Verdict]:
+    """Re-measure the best distinct ok configs against the baseline, A B A B ..."""
+    baseline = session.backend.baseline_config()
+    ranked: dict[str, tuple[float, dict]] = {}
+    for r in engine.records:
+        v = engine.objective(r)
+        key = config_key(r.config)
+        if v is not None and key != config_key(baseline) and v > ranked.get(key, (0.0, {}))[0]:
+            ranked[key] = (v, r.config)
+    candidates = [c for _, c in sorted(ranked.values(), key=lambda t: -t[0])[:top]]
+    if not candidates:
+        session.progress("verification: no candidate faster than nothing to verify")
+        return []
+    mde = session.mde if session.mde is not None else DEFAULT_MDE
+    if session.mde is None:
+        session.progress(f"no doctor noise model for this workload: using a {DEFAULT_MDE:.0%} "
+                         "noise floor (run `infrarsi doctor` for a measured one)")
+    verdicts = []
+    for i, cand in enumerate(candidates):
+        table.note(f"verifying candidate {i + 1}/{len(candidates)} with {pairs} interleaved pairs")
+        v = verify_candidate(session.backend, baseline, cand, pairs=pairs, mde=mde,
+                             tag=f"verify{i}", on_record=lambda rec, origin: session.record(rec, origin))
+        table.note(("PROMOTABLE: " if v.promoted else "not promoted: ") + v.reason)
+        verdicts.append(v)
+    return verdicts

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up, then run the whole pipeline end to end on the embedded default: local Ray on this CPU,
+# the cpu_dense reference workload, the SQLite experience bank, no LLM.
+# Usage: bash scripts/demo.sh [TASK.yaml] [BUDGET]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+TASK=${1:-configs/tasks/cpu_dense.yaml}
+BUDGET=${2:-8}
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+INFRARSI=.venv/bin/infrarsi
+NAME=$(.venv/bin/python -c "import sys; from infrarsi.contract import load_task; print(load_task(sys.argv[1]).name)" "$TASK")
+RUN_DIR=runs/$NAME
+echo "== init: lock the contract of $TASK"
+$INFRARSI init "$TASK" --run-dir "$RUN_DIR"
+if $INFRARSI doctor --help >/dev/null 2>&1 && ! $INFRARSI doctor --help 2>&1 | grep -q "not built"; then
+  echo "== doctor: profile the baseline and measure the noise floor"
+  $INFRARSI doctor --run-dir "$RUN_DIR"
+fi
+echo "== run: search $BUDGET trials, verify the best against the baseline"
+$INFRARSI run --run-dir "$RUN_DIR" --budget "$BUDGET"
+if ! $INFRARSI report --help 2>&1 | grep -q "not built"; then
+  echo "== report"
+  $INFRARSI report --run-dir "$RUN_DIR"
+fi
