@@ -1,0 +1,330 @@
+"""Dynamic checks: run the baseline and the patched model side by side and compare.
+
+Three checks, each catching what the others and the static scan cannot:
+
+* **probe** — both models built at the contract's seed, the patched one loaded with the
+  baseline's weights (same state dict: names and shapes, else rejected), then fed the exact
+  micro-batch sequence a one-rank trial feeds (harness data, micro-batch 1, every step of a
+  trial, so a patch that counts calls and cheats "after warm-up" is still in range). Every call
+  compares the output shape (the work), the loss and every parameter's gradient in fp32.
+* **training** — the harness's own ``train_worker`` (in process, world 1) runs both workspaces
+  over every timed step; the loss traces must agree within the contract's tolerance. This
+  catches stale caches that the fixed-weight probe cannot see (weights move between steps).
+* **tamper** — identities of the clock, barrier, sync, loss, optimizer and harness functions,
+  live threads, the environment, global numerics and tracer hooks are snapshotted before the
+  patched code is imported and compared after it ran.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from infrarsi.contract.spec import TaskSpec
+from infrarsi.harness import clock as _clock
+from infrarsi.harness import data as _data
+from infrarsi.harness import loss as _loss
+from infrarsi.harness import mechanisms as _mech
+from infrarsi.harness import train as _train
+from infrarsi.harness._workspace import load_entry
+from infrarsi.harness.stats import shape_dict
+
+PARALLEL = {"rank": 0, "world_size": 1, "expert_parallel_degree": 1, "group": None}
+
+
+class CheckFailed(Exception):
+    """A dynamic check failed; ``rule`` names it, the message says what differed."""
+
+    def __init__(self, message: str, rule: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+# ---- tamper sentinels ---------------------------------------------------------------------
+def _watched() -> dict[str, Any]:
+    import time
+
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    items: dict[str, Any] = {
+        "time.perf_counter": time.perf_counter, "time.perf_counter_ns": time.perf_counter_ns,
+        "time.time": time.time, "time.monotonic": time.monotonic, "time.sleep": time.sleep,
+        "dist.barrier": dist.barrier, "dist.all_reduce": dist.all_reduce,
+        "torch.cuda.synchronize": torch.cuda.synchronize, "torch.manual_seed": torch.manual_seed,
+        "F.cross_entropy": F.cross_entropy, "Tensor.backward": torch.Tensor.backward,
+        "autograd.backward": torch.autograd.backward, "AdamW.step": torch.optim.AdamW.step,
+        "Module.__call__": torch.nn.Module.__call__, "Module._call_impl": torch.nn.Module._call_impl,
+        "builtins.open": builtins.open, "StepClock.mark": _clock.StepClock.mark,
+    }
+    for mod in (_clock, _data, _loss, _mech, _train):
+        for name, obj in vars(mod).items():
+            if callable(obj) and not name.startswith("__"):
+                items[f"{mod.__name__}.{name}"] = obj
+    return items
+
+
+def prime() -> None:
+    """Let torch install its own lazy wrappers (dynamo's ``manual_seed`` guard, the optimizer's
+    profiling ``step`` hook) before the first snapshot, so they are not mistaken for tampering."""
+    import torch._dynamo  # noqa: F401
+
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([p])
+    torch.nn.functional.scaled_dot_product_attention(*(torch.zeros(1, 1, 2, 2),) * 3, is_causal=True)
+    p.sum().backward()
+    opt.step()
+
+
+def snapshot() -> dict[str, Any]:
+    from torch.nn.modules import module as _m
+
+    return {
+        "ids": {k: id(v) for k, v in _watched().items()},
+        "objects": _watched(),
+        "threads": {t.ident for t in threading.enumerate() if t.is_alive()},
+        "environ": dict(os.environ),
+        "numerics": (torch.get_default_dtype(), torch.get_float32_matmul_precision(),
+                     torch.are_deterministic_algorithms_enabled()),
+        "tracers": (sys.gettrace(), sys.getprofile()),
+        "global_hooks": tuple(len(getattr(_m, n, {})) for n in (
+            "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+            "_global_backward_pre_hooks")),
+    }
+
+
+def restore(before: dict[str, Any]) -> None:
+    """Undo a detected monkeypatch of a watched function (best effort)."""
+    import importlib
+
+    for name, obj in before["objects"].items():
+        owner_name, _, attr = name.rpartition(".")
+        aliases = {"time": "time", "dist": "torch.distributed", "F": "torch.nn.functional",
+                   "torch.cuda": "torch.cuda", "torch": "torch", "builtins": "builtins"}
+        owners = {"Tensor": torch.Tensor, "autograd": torch.autograd, "AdamW": torch.optim.AdamW,
+                  "Module": torch.nn.Module, "StepClock": _clock.StepClock}
+        owner = owners.get(owner_name)
+        if owner is None:
+            try:
+                owner = importlib.import_module(aliases.get(owner_name, owner_name))
+            except ImportError:
+                continue
+        if getattr(owner, attr, None) is not obj:
+            setattr(owner, attr, obj)
+
+
+def compare_snapshot(before: dict[str, Any], after: dict[str, Any]) -> str | None:
+    changed = sorted(k for k, v in before["ids"].items() if after["ids"].get(k) != v)
+    if changed:
+        return f"replaces {', '.join(changed)} at run time (monkeypatches the harness or torch)"
+    new_threads = after["threads"] - before["threads"]
+    if new_threads:
+        return f"leaves {len(new_threads)} new thread(s) running (moves work out of the timed region)"
+    if after["environ"] != before["environ"]:
+        keys = sorted(set(after["environ"]) ^ set(before["environ"]) |
+                      {k for k in before["environ"] if after["environ"].get(k) != before["environ"][k]})
+        return f"changes the environment ({', '.join(keys[:5])})"
+    if after["numerics"] != before["numerics"]:
+        return f"changes global numerics {before['numerics']} -> {after['numerics']}"
+    if after["tracers"] != before["tracers"]:
+        return "installs a trace or profile hook"
+    if after["global_hooks"] != before["global_hooks"]:
+        return "installs a global module hook"
+    return None
+
+
+# ---- probe ------------------------------------------------------------------------------
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def probe_batches(spec: TaskSpec, calls: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Harness micro-batches as trials see them: first one step at every micro-batch size
+    larger than 1 (a patch keyed on the batch shape shows), then ``calls`` micro-batches of size
+    1, step after step (a patch that counts calls and cheats later is still in range)."""
+    wl, seed = spec.workload, spec.loss_reference.seed
+
+    def batch(step: int) -> torch.Tensor:
+        return _data.global_batch(seed, step, wl.global_batch_size, wl.seq_len, wl.shape.vocab_size)
+
+    for i, mbs in enumerate(d for d in reversed(_divisors(wl.global_batch_size)) if d > 1):
+        yield from _data.micro_batches(batch(i), 0, 1, mbs)
+    n, step = 0, 0
+    while n < calls:
+        for inputs, targets in _data.micro_batches(batch(step), 0, 1, 1):
+            if n >= calls:
+                return
+            yield inputs, targets
+            n += 1
+        step += 1
+
+
+def default_calls(spec: TaskSpec) -> int:
+    """Forward calls of the longest one-rank trial (micro-batch 1): every step, every row."""
+    t, ref = spec.timing, spec.loss_reference
+    return max(t.warmup_steps + t.measured_steps, ref.steps) * spec.workload.global_batch_size
+
+
+def _build(entry, spec: TaskSpec) -> torch.nn.Module:
+    seed = spec.loss_reference.seed
+    torch.manual_seed(seed)
+    model = entry.build_model(shape_dict(spec), dict(PARALLEL))
+    if torch.initial_seed() != seed:
+        raise CheckFailed(f"reseeds the random generator while building the model "
+                          f"(seed {torch.initial_seed()} instead of the contract's {seed})", "seed")
+    return model.float().train()
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    num = float((a.double() - b.double()).norm())
+    den = float(b.double().norm())
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def probe(base_ws: str, patched_ws: str, spec: TaskSpec, *, calls: int, rtol: float,
+          atol: float = 1e-7) -> dict[str, Any]:
+    """Compare outputs, losses and gradients call by call; raise CheckFailed at the first drift.
+
+    Runs on one intra-op thread (as the baseline trial does): on a shared box more threads
+    oversubscribe the cores and make the probe many times slower.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _probe(base_ws, patched_ws, spec, calls=calls, rtol=rtol, atol=atol)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _probe(base_ws: str, patched_ws: str, spec: TaskSpec, *, calls: int, rtol: float,
+           atol: float) -> dict[str, Any]:
+    entry_name = spec.workload.entry
+    with load_entry(base_ws, entry_name) as eb, load_entry(patched_ws, entry_name) as ep:
+        base = _build(eb, spec)
+        try:
+            patched = _build(ep, spec)
+        except CheckFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 - the patched code's own failure
+            raise CheckFailed(f"the patched model fails to build: {type(e).__name__}: {e}", "crash") from None
+        bsd, psd = base.state_dict(), patched.state_dict()
+        if {k: tuple(v.shape) for k, v in bsd.items()} != {k: tuple(v.shape) for k, v in psd.items()}:
+            diff = sorted(set(bsd) ^ set(psd))[:4]
+            raise CheckFailed(f"changes the model's state dict (parameters or buffers: {diff}); a "
+                              "patch must keep the checkpoint format", "work")
+        patched.load_state_dict(bsd)
+        cmp = _Comparer(base, patched, spec, rtol, atol)
+        for inputs, targets in probe_batches(spec, calls):
+            cmp.call(inputs, targets)
+        # Move the weights as an optimizer step would (the same noise in both models), then
+        # probe again: a cache of anything weight-derived (work moved "before warm-up ends")
+        # now returns stale values.
+        _perturb(base, patched, spec.loss_reference.seed)
+        wl = spec.workload
+        batch = _data.global_batch(spec.loss_reference.seed, 10_000, wl.global_batch_size,
+                                   wl.seq_len, wl.shape.vocab_size)
+        for inputs, targets in _data.micro_batches(batch, 0, 1, 1):
+            cmp.call(inputs, targets, note=" after a weight update")
+    return {"probe_calls": cmp.n, "probe_max_loss_rel": cmp.worst_loss,
+            "probe_max_grad_rel": cmp.worst_grad}
+
+
+def _perturb(base: torch.nn.Module, patched: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed + 1)
+    pp = dict(patched.named_parameters())
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            scale = 0.25 * float(p.abs().mean()) + 1e-3
+            noise = torch.randn(p.shape, generator=g, dtype=p.dtype) * scale
+            p.add_(noise)
+            pp[name].add_(noise)
+
+
+class _Comparer:
+    """One call of both models on the same micro-batch; raises CheckFailed on a difference."""
+
+    def __init__(self, base, patched, spec: TaskSpec, rtol: float, atol: float) -> None:
+        self.base, self.patched, self.rtol, self.atol = base, patched, rtol, atol
+        self.aux_w = float(spec.workload.shape.aux_loss_weight)
+        self.vocab = spec.workload.shape.vocab_size
+        self.bparams = dict(base.named_parameters())
+        self.pparams = dict(patched.named_parameters())
+        self.n = 0
+        self.worst_loss = self.worst_grad = 0.0
+
+    def call(self, inputs, targets, note: str = "") -> None:
+        i, rtol = self.n, self.rtol
+        self.n += 1
+        self.base.zero_grad(set_to_none=True)
+        self.patched.zero_grad(set_to_none=True)
+        lb, _ = _forward_backward(self.base, inputs, targets, self.aux_w)
+        try:
+            lp, shape = _forward_backward(self.patched, inputs, targets, self.aux_w)
+        except Exception as e:  # noqa: BLE001 - the patched code's own failure
+            raise CheckFailed(f"the patched model fails at call {i}{note}: {type(e).__name__}: {e}",
+                              "crash") from None
+        want = (*inputs.shape, self.vocab)
+        if shape != want:
+            raise CheckFailed(f"call {i}{note}: output shape {shape}, expected {want} (changes the "
+                              "work)", "work")
+        rl = abs(lp - lb) / max(abs(lb), 1e-12)
+        self.worst_loss = max(self.worst_loss, rl)
+        if not math.isfinite(lp) or rl > rtol:
+            raise CheckFailed(f"call {i}{note}: loss {lp:.6f} vs baseline {lb:.6f} "
+                              f"(relative {rl:.2e} > {rtol:g})", "loss")
+        for name, pb in self.bparams.items():
+            gb, gp = pb.grad, self.pparams[name].grad
+            if (gb is None) != (gp is None):
+                raise CheckFailed(f"call {i}{note}: {name} gets {'no' if gp is None else 'a'} "
+                                  f"gradient (baseline: {'none' if gb is None else 'one'}); skips "
+                                  "or adds backward work", "gradient")
+            if gb is None:
+                continue
+            r = _rel(gp, gb)
+            if not (r <= rtol or float((gp - gb).abs().max()) <= self.atol):
+                raise CheckFailed(f"call {i}{note}: gradient of {name} differs by {r:.2e} "
+                                  f"(relative, fp32; tolerance {rtol:g})", "gradient")
+            self.worst_grad = max(self.worst_grad, r)
+
+
+def _forward_backward(model, inputs, targets, aux_w) -> tuple[float, tuple[int, ...]]:
+    logits, aux = model(inputs)
+    loss = _loss.training_loss(logits, targets, aux, aux_w)
+    loss.backward()
+    return float(loss.detach()), tuple(logits.shape)
+
+
+# ---- training run -------------------------------------------------------------------------
+def verification_spec(spec: TaskSpec) -> TaskSpec:
+    """The task with its loss reference stretched over every timed step."""
+    t = spec.timing
+    steps = max(t.warmup_steps + t.measured_steps, spec.loss_reference.steps)
+    return replace(spec, loss_reference=replace(spec.loss_reference, steps=steps))
+
+
+def train_trace(workspace: str, spec: TaskSpec, config: dict[str, Any]) -> dict[str, Any]:
+    from infrarsi.harness import train_worker
+
+    return train_worker({"task": spec.to_dict(), "config": dict(config), "workspace": workspace,
+                         "capacity_bytes": None})
+
+
+def compare_traces(base: list[float], patched: list[float], rtol: float) -> tuple[str | None, float]:
+    if len(patched) != len(base):
+        return f"runs {len(patched)} steps, the baseline {len(base)} (changes the number of steps)", math.inf
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(patched, base, strict=True)):
+        r = abs(a - b) / max(abs(b), 1e-12)
+        worst = max(worst, r)
+        if not math.isfinite(a) or r > rtol:
+            return (f"loss drifted at step {i}: {a:.6f} vs baseline {b:.6f} (relative {r:.2e} > "
+                    f"{rtol:g})"), worst
+    return None, worst
