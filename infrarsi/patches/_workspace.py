@@ -134,6 +134,7 @@ def materialize(workspace: Path, patches: Sequence[Patch], scope: Scope | None =
         h.update(p.id.encode() + b"\0" + p.digest.encode())
     key = h.hexdigest()[:20]
     root = Path(cache) if cache else cache_root()
+    root.mkdir(parents=True, exist_ok=True)
     dest = root / key
     if (dest / ".infrarsi-complete").is_file():
         return dest

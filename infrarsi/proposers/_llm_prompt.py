@@ -1,0 +1,155 @@
+"""Prompts and JSON schemas of the LLM proposer.
+
+The prompts carry what a performance engineer would look at: the doctor's bottleneck findings,
+the knob space, the trials measured so far, the priors the data contradicted (with the
+evidence, so the model revises them) and, for patches, the editable source. Each section is
+capped so a prompt fits a modest context window.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from infrarsi.proposers.base import Context, device_kind, editable_source, family
+
+SYSTEM = (
+    "You are a performance engineer for PyTorch LLM training. You propose changes that make a "
+    "training step faster WITHOUT changing what it computes: same tokens, same shapes, same "
+    "number of optimizer steps, same numerics (fp32 stays fp32 unless the precision knob says "
+    "otherwise), same random seed. The harness owns the clock, the data and the loss; every "
+    "patch is verified against the baseline (gradients per parameter, loss trace, static scan "
+    "for clocks, threads, environment, file writes, reseeding, monkeypatching) and rejected if "
+    "it games the benchmark. Answer with JSON only, matching the given schema."
+)
+
+_NUM_OR_NULL = {"type": ["number", "null"]}
+
+PRIORS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "priors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "knob": {"type": "string"},
+                    "setting": {"type": ["string", "number", "boolean"]},
+                    "log_time_effect": _NUM_OR_NULL,
+                    "log_time_std": {"type": "number"},
+                    "log_mem_effect": _NUM_OR_NULL,
+                    "log_mem_std": {"type": "number"},
+                    "rationale": {"type": "string"},
+                },
+                "required": ["knob", "setting", "log_time_effect", "log_time_std",
+                             "log_mem_effect", "log_mem_std"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["priors"],
+    "additionalProperties": False,
+}
+
+PATCHES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "patches": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,48}$"},
+                    "diff": {"type": "string"},
+                    "rationale": {"type": "string"},
+                    "expected_log_time_effect": {"type": "number"},
+                    "expected_log_mem_effect": {"type": "number"},
+                },
+                "required": ["id", "diff", "rationale", "expected_log_time_effect",
+                             "expected_log_mem_effect"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["patches"],
+    "additionalProperties": False,
+}
+
+
+def _json(x: Any, limit: int) -> str:
+    text = json.dumps(x, default=str, sort_keys=True)
+    return text if len(text) <= limit else text[:limit] + " ...(truncated)"
+
+
+def knob_table(space: Any) -> list[dict[str, Any]]:
+    return [{"knob": k.name, "values": list(k.values), "default": k.default, "kind": k.kind,
+             "about": k.description} for k in space.knobs]
+
+
+def _trial_rows(trials: Iterable[Any], defaults: Mapping[str, Any], limit: int = 40) -> list[dict]:
+    rows = []
+    for t in list(trials)[-limit:]:
+        d = t.to_dict() if hasattr(t, "to_dict") else dict(t)
+        cfg = d.get("config") or {}
+        times = d.get("step_times_s") or []
+        rows.append({
+            "changed": {k: v for k, v in cfg.items() if defaults.get(k) != v},
+            "status": d.get("status"),
+            "median_step_s": sorted(times)[len(times) // 2] if times else None,
+            "peak_memory_bytes": max(d.get("peak_memory_bytes") or [0]) or None,
+            "error": (d.get("error_message") or "")[:120] or None,
+        })
+    return rows
+
+
+def _revisions(context: Context) -> list[dict[str, Any]]:
+    out = []
+    for r in context.get("revisions") or ():
+        d = r.to_dict() if hasattr(r, "to_dict") else dict(r)
+        if d.get("flagged", True):
+            out.append(d)
+    return out
+
+
+def _header(context: Context) -> list[str]:
+    space = context["space"]
+    wl, hw = context.get("workload"), context.get("hardware")
+    parts = [
+        f"Workload: family={family(context)}; signature={_json(getattr(wl, '__dict__', wl), 1500)}",
+        f"Hardware: device={device_kind(context)}; {_json(getattr(hw, '__dict__', hw), 800)}",
+        "Doctor's bottleneck findings (per-phase times, memory, noise):\n"
+        + _json(context.get("findings") or {}, 4000),
+        "Trials so far (knobs changed from the default, outcome):\n"
+        + _json(_trial_rows(context.get("trials") or (), space.defaults()), 6000),
+    ]
+    revs = _revisions(context)
+    if revs:
+        parts.append("These earlier priors were MISCALIBRATED (the posterior fell outside the "
+                     "prior's interval); revise them using the evidence:\n" + _json(revs, 4000))
+    return parts
+
+
+def priors_messages(context: Context) -> list[dict[str, str]]:
+    space = context["space"]
+    body = "\n\n".join(_header(context) + [
+        "Knob space (effects are relative to each knob's default):\n" + _json(knob_table(space), 6000),
+        "For each knob setting you have an opinion on, give log_time_effect (natural log of "
+        "step-time ratio vs the default; -0.1 is ~10% faster) and log_mem_effect (same for peak "
+        "memory per device), each with a std (0.05-2). Use only knob names and values listed "
+        "above; use null for no opinion. |effect| <= 3.",
+    ])
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": body}]
+
+
+def patches_messages(context: Context, max_source_chars: int = 40_000) -> list[dict[str, str]]:
+    src = editable_source(context, max_source_chars)
+    files = "\n\n".join(f"=== {rel} ===\n{text}" for rel, text in src.items())
+    body = "\n\n".join(_header(context) + [
+        f"Editable source files (paths relative to the workspace root):\n{files}",
+        "Propose up to 3 source patches that make the training step faster without changing "
+        "what it computes. Each patch is a unified diff against the files above exactly as "
+        "shown (--- a/<path> / +++ b/<path>, @@ hunks with 3 lines of context). Only edit the "
+        "files above; do not touch the harness, timing, data, seeds, precision or threads.",
+    ])
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": body}]
