@@ -17,6 +17,9 @@ SHARED_DATA = Path(os.environ.get("INFRARSI_DATA_DIR", ROOT.parent / "shared" / 
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Ray workers started by the local test cluster inherit this: test helpers (toy_backend) import.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")) if p)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ configs, and :mod:`infrarsi.bench._report` for the figures.
 
 from __future__ import annotations
 
+from infrarsi.bench import _ours  # noqa: F401 - registers "infrarsi"
 from infrarsi.bench._engines import Trajectory, execute_trial, run_inline, run_tune
 from infrarsi.bench._guard import LegalityGuard
 from infrarsi.bench._peers import METRIC, SEARCHERS, SearcherFactory, register_searcher

@@ -70,7 +70,7 @@ def execute_trial(backend: Backend, config: dict[str, Any], run_seed: int,
         backend.reseed(_trial_seed(run_seed, ordinal))
     record = backend.execute(config, trial_id=f"t{ordinal:05d}")
     result = {METRIC: backend.objective(record), "status": record.status.value,
-              "device_seconds": record.device_seconds}
+              "device_seconds": record.device_seconds, "record": record.to_dict()}
     return record, result
 
 

@@ -126,6 +126,7 @@ class SearchEngine:
         self.stop_reason: str | None = None
         self.n_suggested = 0
         self.n_seeds_issued = 0
+        self._memory_family: str | None = None
 
     # ---- observations -----------------------------------------------------------------
     @property
@@ -189,8 +190,13 @@ class SearchEngine:
         med = None
         if mem_rows and self.hardware.memory_bytes:
             Xm, mem, obs = self.encoder.memory_dataset(mem_rows)
-            mm = PeakMemoryModel.from_priors(self.encoder, self.priors, random_state=self.seed)
+            # The family (log-normal or Weibull) is chosen by AIC once; refits reuse it, which
+            # keeps a suggestion fast as trials accumulate.
+            mm = PeakMemoryModel.from_priors(self.encoder, self.priors, random_state=self.seed,
+                                             distribution=self._memory_family or "auto")
             mm.fit(Xm, mem, obs)
+            if not getattr(mm, "fallen_back_", False):
+                self._memory_family = mm.dist_
             p_oom = mm.p_oom(self._X_pool, float(self.hardware.memory_bytes))
             med = mm.predict_quantiles(self._X_pool, (0.5,))[:, 0]
             self._memory_model = mm

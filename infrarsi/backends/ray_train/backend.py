@@ -13,6 +13,7 @@ from typing import Any
 import ray
 
 from infrarsi.backends.base import Backend
+from infrarsi.backends.ray_train._reaper import reap_orphaned_placement_groups
 from infrarsi.backends.ray_train._runner import (
     TrialRunner,
     read_workspace,
@@ -204,6 +205,7 @@ class RayTrainBackend(Backend):
             finally:
                 ray.kill(runner, no_restart=True)
         ray.kill(runner, no_restart=True)  # takes the Train controller and its workers with it
+        reap_orphaned_placement_groups()
         return _failed(t0, TrialStatus.ERROR, ErrorKind.TIMEOUT,
                        f"trial exceeded its time limit of {timeout:g} s (+{STARTUP_ALLOWANCE_S:g} s "
                        "startup allowance); a hang or deadlocked collective. Raise trial.timeout_s "

@@ -1,0 +1,159 @@
+"""The searcher: protocol (crashes included), censored OOMs, pairing, resume, no noise promoted."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from toy_backend import CAPACITY, ToyBackend
+
+from infrarsi.search import InfraRSISearcher, SearchEngine
+from infrarsi.search.verify import paired_speedup, verify_candidate
+from infrarsi.space import config_key
+from infrarsi.trial import TrialStatus
+
+
+def _engine(backend: ToyBackend, budget: int = 12, seed: int = 0, **kw) -> SearchEngine:
+    return SearchEngine(backend.space, backend.workload, backend.hardware, budget=budget,
+                        seed=seed, **kw)
+
+
+def _drive(engine: SearchEngine, backend: ToyBackend, n: int) -> list:
+    out = []
+    for i in range(n):
+        sug = engine.suggest(f"t{i}")
+        if sug is None:
+            break
+        rec = backend.execute(sug.config, trial_id=f"t{i}")
+        engine.observe(rec, sug.origin, trial_id=f"t{i}")
+        out.append((sug, rec))
+    return out
+
+
+def test_search_reaches_the_best_fitting_config_and_wastes_few_trials_on_oom():
+    fractions, ooms = [], []
+    for seed in range(3):
+        b = ToyBackend(seed=seed)
+        runs = _drive(_engine(b, budget=12, seed=seed), b, 12)
+        best = max(b.objective(r) or 0 for _, r in runs)
+        fractions.append(best / b.best_objective())
+        ooms.append(sum(r.status is TrialStatus.OOM for _, r in runs))
+        keys = [config_key(r.config) for _, r in runs]
+        assert len(keys) == len(set(keys)), "a measured config was proposed again"
+    assert min(fractions) >= 0.9, fractions
+    assert np.mean(ooms) <= 4, ooms
+
+
+def test_oom_trials_reach_the_memory_model_as_censored_observations():
+    b = ToyBackend()
+    eng = _engine(b)
+    hungry = {"micro_batch_size": 16, "activation_checkpointing": "none", "precision": "fp32",
+              "bucket_cap_mb": 25}
+    for i, c in enumerate([hungry, {**hungry, "micro_batch_size": 8},
+                           {**hungry, "micro_batch_size": 1}, {**hungry, "micro_batch_size": 2}]):
+        eng.observe(b.execute(c, trial_id=f"m{i}"), "test")
+    assert sum(r.status is TrialStatus.OOM for r in eng.records) == 2
+    fit = eng._fit(eng.records)
+    X, mem, observed = eng.encoder.memory_dataset(eng.records)
+    assert (~observed).sum() == 2 and np.all(mem[~observed] == CAPACITY)
+    i = eng._pool_keys[config_key(b.space.normalize(hungry))]
+    j = eng._pool_keys[config_key(b.space.normalize({**hungry, "micro_batch_size": 1}))]
+    assert fit.p_oom[i] > 0.5 > fit.p_oom[j]
+
+
+def test_pairing_adds_a_memory_saver_to_a_hungry_fast_candidate():
+    b = ToyBackend()
+    eng = _engine(b, budget=20, n_init=0)
+    base = {"activation_checkpointing": "none", "precision": "bf16", "bucket_cap_mb": 25}
+    for i, mbs in enumerate((1, 2, 4, 8)):
+        eng.observe(b.execute({**base, "micro_batch_size": mbs}, trial_id=f"p{i}"), "test")
+    eng.observe(b.execute({**base, "micro_batch_size": 16}, trial_id="p4"), "test")  # OOM
+    eng.observe(b.execute({**base, "micro_batch_size": 1, "activation_checkpointing": "full"},
+                          trial_id="p5"), "test")
+    runs = _drive(eng, b, 6)
+    assert eng.pairings, "no pairing was logged"
+    pairing = eng.pairings[0]
+    assert pairing["paired"]["activation_checkpointing"] == "full"
+    assert pairing["hungry_predicted"]["p_oom"] > pairing["paired_predicted"]["p_oom"]
+    assert any(s.origin == "pairing" and r.ok for s, r in runs)
+
+
+def test_state_round_trips_through_json_and_resume_never_repeats():
+    b = ToyBackend()
+    eng = _engine(b, budget=10)
+    first = _drive(eng, b, 4)
+    state = json.loads(json.dumps(eng.state_dict()))
+    resumed = _engine(b, budget=10)
+    resumed.load_state_dict(state)
+    rest = _drive(resumed, b, 6)
+    keys = [config_key(r.config) for _, r in first + rest]
+    assert len(resumed.observations) == 10 and len(set(keys)) == 10
+
+
+def test_searcher_keeps_last_result_of_crashed_trials_and_records_silent_crashes():
+    b = ToyBackend()
+    s = InfraRSISearcher(_engine(b))
+    cfg = s.suggest("a")
+    rec = b.execute(cfg, trial_id="a")
+    s.on_trial_result("a", {"objective": 1.0, "record": rec.to_dict()})
+    s.on_trial_complete("a", None, error=True)  # Ray sends no result for a crashed trial
+    cfg_b = s.suggest("b")
+    s.on_trial_complete("b", None, error=True)  # crashed before reporting anything
+    recs = s.engine.records
+    assert [r.trial_id for r in recs] == ["a", "b"]
+    assert recs[0] == rec
+    assert recs[1].status is TrialStatus.ERROR and recs[1].config == cfg_b
+    assert s.engine.pending == {}
+
+
+def test_a_broken_workload_stops_the_search_early_with_the_reason():
+    b = ToyBackend(broken=True)
+    eng = _engine(b, budget=20)
+    runs = _drive(eng, b, 20)
+    assert len(runs) == 3
+    assert "all failed" in eng.stop_reason and "ImportError" in eng.stop_reason
+
+
+def test_paired_speedup_interval():
+    s, lo, hi = paired_speedup([2.0, 2.2, 1.9], [1.0, 1.0, 1.0])
+    assert s == pytest.approx((2.0 * 2.2 * 1.9) ** (1 / 3)) and lo < s < hi
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_candidate_identical_to_the_baseline_is_never_promoted(seed):
+    b = ToyBackend(seed=seed, noise=0.05)
+    base = b.baseline_config()
+    v = verify_candidate(b, base, dict(base), pairs=3, mde=0.03, tag="noise")
+    assert not v.promoted, v.reason
+    assert v.ci_low < 1.0 + 0.03
+
+
+def test_a_real_speedup_is_promoted():
+    b = ToyBackend(noise=0.02)
+    base = b.baseline_config()
+    fast = {**base, "precision": "bf16", "micro_batch_size": 4}
+    v = verify_candidate(b, base, fast, pairs=3, mde=0.03, tag="fast")
+    assert v.promoted and v.speedup > 2.0
+
+
+def test_searcher_inside_a_users_own_tuner(ray_local, tmp_path):
+    from ray import tune
+
+    b = ToyBackend()
+    searcher = InfraRSISearcher(_engine(b, budget=5))
+
+    def trainable(config):
+        rec = b.execute(config)
+        tune.report({"objective": b.objective(rec) or 0.0, "record": rec.to_dict()})
+
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 1}),
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=5, metric="objective",
+                                    mode="max", max_concurrent_trials=1),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0),
+    )
+    results = tuner.fit()
+    assert len(results) == 5
+    assert len(searcher.engine.observations) == 5
+    assert len({config_key(r.config) for r in searcher.engine.records}) == 5
