@@ -65,6 +65,8 @@ def contexts(model: str, nodes: int) -> tuple[WorkloadSignature, HardwareFingerp
 
 
 def encode(enc: FeatureEncoder, df: pd.DataFrame) -> np.ndarray:
+    if len(df) == 0:
+        return np.zeros((0, enc.n_features_out_))
     cfgs = df[list(KNOBS)].astype(int).to_dict("records")
     wls, hws = zip(*(contexts(m, n) for m, n in zip(df.model, df.nodes, strict=True)), strict=True)
     return enc.transform(cfgs, list(wls), list(hws))
@@ -161,7 +163,7 @@ def score_time(Xtr, ytr, Xte, yte) -> dict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mu, sd = make().fit(Xtr, ytr).predict(Xte, return_std=True)
-        res[f"rho_{name}"] = float(spearmanr(mu, yte).statistic)
+            res[f"rho_{name}"] = float(spearmanr(mu, yte).statistic)
         res[f"mdape_{name}"] = mdape(np.exp(mu), np.exp(yte))
         res[f"cov80_{name}"] = float(np.mean(np.abs(yte - mu) <= 1.2816 * sd))
         res[f"nll_{name}"] = float(-np.mean(norm.logpdf(yte, mu, sd)))

@@ -169,6 +169,8 @@ class PeakMemoryModel(BaseEstimator):
         cov[np.flatnonzero(const) + 1, np.flatnonzero(const) + 1] = s[const] ** 2
         self.dist_, self.intercept_, self.coef_, self.shape_ = fit.dist, intercept, coef, fit.shape
         self.loc_cov_ = cov
+        # a constant column's slope is uncertain only away from the value it was seen at
+        self.var_center_ = np.where(const, X[0], 0.0)
 
     def _fallback(self, X, logm, observed, m, s, why: str) -> None:
         fallback("PeakMemoryModel", why)
@@ -184,6 +186,7 @@ class PeakMemoryModel(BaseEstimator):
             b0 = 0.0
         self.intercept_, self.coef_ = b0, m.copy()
         self.loc_cov_ = np.diag(np.concatenate([[1.0], s**2]))
+        self.var_center_ = X.mean(axis=0) if len(X) else np.zeros(len(m))
 
     # ---- prediction ---------------------------------------------------------------------
     def _loc(self, X) -> tuple[np.ndarray, np.ndarray]:
@@ -194,7 +197,7 @@ class PeakMemoryModel(BaseEstimator):
         mu = self.log_scale_ + self.intercept_ + X @ self.coef_
         if not self.param_uncertainty:
             return mu, np.zeros(len(mu))
-        Z = np.hstack([np.ones((len(X), 1)), X])
+        Z = np.hstack([np.ones((len(X), 1)), X - self.var_center_])
         return mu, np.einsum("ij,jk,ik->i", Z, self.loc_cov_, Z)
 
     def predict_quantiles(self, X, q=(0.1, 0.5, 0.9)) -> np.ndarray:
