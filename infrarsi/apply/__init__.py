@@ -1,0 +1,9 @@
+"""The apply stage (``infrarsi apply``): the promoted config and verified patches as one
+commit on a new branch of the user's repository; the current branch is never touched."""
+
+from __future__ import annotations
+
+from infrarsi.apply._git import ApplyRefusedError
+from infrarsi.apply.stage import CONFIG_DIR, ApplyResult, apply_run, commit_message
+
+__all__ = ["CONFIG_DIR", "ApplyRefusedError", "ApplyResult", "apply_run", "commit_message"]
