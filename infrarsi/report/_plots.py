@@ -151,7 +151,7 @@ def memory_calibration(data: ReportData) -> bytes:
     if (~obs).any():
         ax.errorbar(m[~obs], pred[~obs], yerr=[pred[~obs] - lo[~obs], hi[~obs] - pred[~obs]],
                     fmt=">", color="#d62728", ms=8, alpha=0.9,
-                    label="OOM: censored, true peak > capacity (right of mark)")
+                    label=f"OOM ({int((~obs).sum())}): censored, true peak > capacity (right of mark)")
     span = [min(m.min(), lo.min()) * 0.9, max(m.max(), hi.max()) * 1.1]
     ax.plot(span, span, color="black", lw=0.8, ls=":", label="perfect calibration")
     if data.capacity_bytes:
@@ -196,8 +196,7 @@ def prior_vs_measured(data: ReportData) -> bytes:
                   "(negative = faster / smaller)")
     ax.set_title("Prior vs measured effect per knob setting (red: miscalibrated prior)", fontsize=11)
     ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.5 / max(len(revs), 2) - 0.12),
-              ncol=2)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.invert_yaxis()
     return _png(fig)
 
