@@ -153,10 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run trials in-process (no Ray Train workers; for quick checks)")
     s.set_defaults(func=cmd_run)
 
-    for stage, issue in (("doctor", "the doctor issue"),):
-        s = sub.add_parser(stage, help=f"{stage} stage (not built yet)")
-        s.add_argument("--run-dir")
-        s.set_defaults(func=_not_built(stage, issue))
+    from infrarsi.doctor._cli import add_doctor_subcommand
+
+    add_doctor_subcommand(sub)
 
     from infrarsi.report._cli import add_report_subcommands
 

@@ -22,6 +22,7 @@ from infrarsi.harness.clock import StepClock
 from infrarsi.harness.data import global_batch, micro_batches
 from infrarsi.harness.loss import training_loss
 from infrarsi.harness.memory import CpuMemoryMeter, raise_if_over_capacity
+from infrarsi.harness.profile import memory_breakdown, no_phase, profile_step
 from infrarsi.harness.stats import count_stats, shape_dict
 from infrarsi.workloads.knobs import derived
 
@@ -76,28 +77,37 @@ class _Run:
         self.optimizer = mech.build_optimizer(self.model, cfg["optimizer_impl"])
         return stats
 
-    def step(self, index: int) -> torch.Tensor:
-        """One optimizer step over this rank's share of the locked global batch."""
+    def step(self, index: int, phase=no_phase) -> torch.Tensor:
+        """One optimizer step over this rank's share of the locked global batch.
+
+        ``phase(name)`` labels data/forward/backward/optimizer work for the profiled step
+        (``infrarsi.harness.profile``); measured steps use the free default.
+        """
         wl, cfg = self.spec.workload, self.config
-        batch = global_batch(self.spec.loss_reference.seed, index, wl.global_batch_size,
-                             wl.seq_len, wl.shape.vocab_size)
-        micro = list(micro_batches(batch, self.rank, self.world, cfg["micro_batch_size"]))
+        with phase("data"):
+            batch = global_batch(self.spec.loss_reference.seed, index, wl.global_batch_size,
+                                 wl.seq_len, wl.shape.vocab_size)
+            micro = list(micro_batches(batch, self.rank, self.world, cfg["micro_batch_size"]))
         total = torch.zeros((), device=self.device)
         for i, (inputs, targets) in enumerate(micro):
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
+            with phase("data"):
+                inputs = inputs.to(self.device, non_blocking=True)
+                targets = targets.to(self.device, non_blocking=True)
             with mech.no_sync_context(self.model, i == len(micro) - 1):
-                with mech.autocast_context(cfg["precision"], self.device):
-                    logits, aux = self.model(inputs)
-                loss = training_loss(logits, targets, aux, self.aux_weight) / self.accum
-                loss.backward()
+                with phase("forward"):
+                    with mech.autocast_context(cfg["precision"], self.device):
+                        logits, aux = self.model(inputs)
+                    loss = training_loss(logits, targets, aux, self.aux_weight) / self.accum
+                with phase("backward"):
+                    loss.backward()
             total += loss.detach()
-        for p in self.expert_params:
-            # Owned by one rank, fed by every rank's tokens: average like DDP would.
-            if p.grad is not None:
-                p.grad.div_(self.world)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with phase("optimizer"):
+            for p in self.expert_params:
+                # Owned by one rank, fed by every rank's tokens: average like DDP would.
+                if p.grad is not None:
+                    p.grad.div_(self.world)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         return total
 
 
@@ -175,8 +185,9 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
         finally:
             if meter:
                 meter.close()
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device)
+        extra = _profile(run, total_steps, device, peak, world) if payload.get("profile") else {}
     trace = torch.stack(losses).float()
     if world > 1:
         dist.all_reduce(trace)
@@ -192,5 +203,26 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
         "t_first_measured_step": clock.wall_marks[0],
         "num_params": int(stats["num_params"]),
         "flops_per_token": float(stats["flops_per_token"]),
+        **extra,  # "phase_times_s" and "profile" of the profiled step, when asked for
     }
+
+
+def _profile(run: _Run, index: int, device: torch.device, peak: int, world: int) -> dict[str, Any]:
+    """One extra profiled step after everything measured; every rank's profile, gathered.
+
+    A profile that fails is reported (``error``) rather than failing the trial.
+    """
+    try:
+        mine = profile_step(lambda phase: run.step(index, phase), device)
+        mine["memory_bytes"] = memory_breakdown(run.model, run.optimizer, run.config, peak)
+    except Exception as e:  # noqa: BLE001 - doctor says which parts are missing and goes on
+        mine = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+    ranks = [mine]
+    if world > 1:
+        ranks = [None] * world
+        dist.all_gather_object(ranks, mine)
+    good = [r for r in ranks if "phases_s" in r]
+    phases = ({k: sum(r["phases_s"][k] for r in good) / len(good) for k in good[0]["phases_s"]}
+              if good else {})
+    return {"phase_times_s": phases, "profile": {"per_rank": ranks}}
 

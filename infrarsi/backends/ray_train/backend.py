@@ -82,14 +82,17 @@ class RayTrainBackend(Backend):
     whose work per step differs comes back ``REJECTED``. ``workspace`` overrides the spec's
     workspace (an isolated, patched copy). ``local_mode`` runs the train function in this
     process with ``ScalingConfig(num_workers=0)`` (fast unit tests; no real workers).
+    ``profile`` adds one profiled, unmeasured step after the measured ones (doctor's phase
+    profile): the record's ``phase_times_s`` and ``extra["profile"]``.
     """
 
     name = "ray_train"
 
     def __init__(self, spec: TaskSpec, *, contract: Contract | None = None,
                  workspace: Path | None = None, local_mode: bool = False,
-                 storage_path: str | None = None) -> None:
+                 storage_path: str | None = None, profile: bool = False) -> None:
         self.spec = spec
+        self.profile = profile
         self.contract = contract
         if contract is not None:
             contract.verify_frozen()
@@ -125,6 +128,7 @@ class RayTrainBackend(Backend):
             "config": dict(config),
             "workspace_files": read_workspace(self.workspace),
             "capacity_bytes": capacity,
+            **({"profile": True} if self.profile else {}),
         }
 
     def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None) -> TrialRecord:
@@ -158,7 +162,7 @@ class RayTrainBackend(Backend):
     def _ok_record(self, outcome: dict[str, Any], config: dict[str, Any],
                    common: dict[str, Any]) -> TrialRecord:
         value = outcome["value"] or {}
-        extra = {k: value[k] for k in ("num_params", "flops_per_token") if k in value}
+        extra = {k: value[k] for k in ("num_params", "flops_per_token", "profile") if k in value}
         status, kind, message = TrialStatus.OK, None, ""
         if self.contract is not None:
             problem = self.contract.check_work(value.get("tokens_per_step"))

@@ -1,0 +1,58 @@
+"""Model FLOPs utilization of the baseline, against a peak that says where it came from.
+
+GPU: the device's peak FLOP/s from the hardware fingerprint (``hardware.peak_flops``, per device)
+times the workers. CPU: there is no datasheet figure for a shared box, so the peak is *measured*:
+the best of several timed large fp32 matmuls with the trial's torch thread count, times the
+workers, labelled "CPU measured matmul peak".
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+__all__ = ["PEAK_LABEL_CPU", "compute_mfu", "measure_matmul_peak"]
+
+PEAK_LABEL_CPU = "CPU measured matmul peak"
+
+
+def measure_matmul_peak(num_threads: int, n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of the best of ``repeats`` timed ``n x n`` fp32 matmuls on ``num_threads`` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(int(num_threads), 1))
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        torch.mm(a, b)  # warm-up: BLAS init, page-in
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return 2 * n**3 / best
+
+
+def compute_mfu(*, step_s: float, tokens_per_step: int, flops_per_token: float,
+                num_workers: int, device: str, num_threads: int = 1,
+                device_peak_flops: float | None = None, device_name: str = "") -> dict[str, Any]:
+    """The payload's ``mfu``: ``mfu`` (a fraction or None), ``achieved_flops`` (FLOP/s of the
+    whole job), ``peak_flops`` (the job's peak), ``peak_flops_per_worker``, ``peak_label``,
+    ``flops_per_token``, ``tokens_per_s``; ``note`` when no peak is known."""
+    tokens_per_s = tokens_per_step / step_s
+    achieved = flops_per_token * tokens_per_s
+    out: dict[str, Any] = {"flops_per_token": flops_per_token, "tokens_per_s": tokens_per_s,
+                           "achieved_flops": achieved, "num_workers": num_workers}
+    if device == "cpu":
+        per = measure_matmul_peak(num_threads)
+        label = f"{PEAK_LABEL_CPU} ({num_threads} thread(s) per worker, fp32, 1024^3)"
+    elif device_peak_flops:
+        per, label = float(device_peak_flops), f"{device_name or device} peak (hardware.peak_flops)"
+    else:
+        return {**out, "mfu": None, "peak_flops": None, "peak_label": None,
+                "note": "no device peak known: set hardware.peak_flops in the task spec"}
+    peak = per * num_workers
+    return {**out, "mfu": achieved / peak, "peak_flops": peak, "peak_flops_per_worker": per,
+            "peak_label": label}
