@@ -18,7 +18,7 @@ __all__ = ["PEAK_LABEL_CPU", "compute_mfu", "measure_matmul_peak"]
 PEAK_LABEL_CPU = "CPU measured matmul peak"
 
 
-def measure_matmul_peak(num_threads: int, n: int = 1024, repeats: int = 5) -> float:
+def measure_matmul_peak(num_threads: int, n: int = 1024, repeats: int = 10) -> float:
     """FLOP/s of the best of ``repeats`` timed ``n x n`` fp32 matmuls on ``num_threads`` threads."""
     before = torch.get_num_threads()
     torch.set_num_threads(max(int(num_threads), 1))
@@ -39,8 +39,9 @@ def compute_mfu(*, step_s: float, tokens_per_step: int, flops_per_token: float,
                 num_workers: int, device: str, num_threads: int = 1,
                 device_peak_flops: float | None = None, device_name: str = "") -> dict[str, Any]:
     """The payload's ``mfu``: ``mfu`` (a fraction or None), ``achieved_flops`` (FLOP/s of the
-    whole job), ``peak_flops`` (the job's peak), ``peak_flops_per_worker``, ``peak_label``,
-    ``flops_per_token``, ``tokens_per_s``; ``note`` when no peak is known."""
+    whole job), ``peak_flops`` (per worker/device, like ``hardware.peak_flops``),
+    ``job_peak_flops`` (times the workers), ``peak_label``, ``flops_per_token``,
+    ``tokens_per_s``; ``note`` when no peak is known."""
     tokens_per_s = tokens_per_step / step_s
     achieved = flops_per_token * tokens_per_s
     out: dict[str, Any] = {"flops_per_token": flops_per_token, "tokens_per_s": tokens_per_s,
@@ -51,8 +52,8 @@ def compute_mfu(*, step_s: float, tokens_per_step: int, flops_per_token: float,
     elif device_peak_flops:
         per, label = float(device_peak_flops), f"{device_name or device} peak (hardware.peak_flops)"
     else:
-        return {**out, "mfu": None, "peak_flops": None, "peak_label": None,
+        return {**out, "mfu": None, "peak_flops": None, "job_peak_flops": None, "peak_label": None,
                 "note": "no device peak known: set hardware.peak_flops in the task spec"}
     peak = per * num_workers
-    return {**out, "mfu": achieved / peak, "peak_flops": peak, "peak_flops_per_worker": per,
+    return {**out, "mfu": achieved / peak, "peak_flops": per, "job_peak_flops": peak,
             "peak_label": label}

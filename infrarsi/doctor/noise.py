@@ -90,7 +90,7 @@ def noise_model(series: Sequence[Sequence[float]], *, pairs: int = 3, target_mde
     Returns the payload's ``noise`` dict: ``mde`` (the threshold the verifier uses),
     ``within_cv``, ``between_cv``, ``sigma_between``, ``method``, ``pairs``, ``measured_steps``,
     ``repeats``, ``target_mde``, ``too_noisy``, ``required_measured_steps``,
-    ``required_pairs``, ``advice``.
+    ``required_pairs``, ``required_measured_steps_within_only``, ``advice``.
     """
     trials = [[float(x) for x in s if x > 0] for s in series]
     trials = [s for s in trials if len(s) >= 2]
@@ -127,6 +127,9 @@ def noise_model(series: Sequence[Sequence[float]], *, pairs: int = 3, target_mde
         "too_noisy": too_noisy,
         "required_measured_steps": need_steps,
         "required_pairs": need_pairs,
+        # What trial length the step-to-step jitter alone asks for (a machine quiet between runs).
+        "required_measured_steps_within_only": required_steps(0.0, sigma_w, pairs, target_mde,
+                                                              confidence),
         "advice": _advice(mde, target_mde, steps, pairs, need_steps, need_pairs, len(trials)),
     }
 
@@ -152,5 +155,6 @@ def _advice(mde: float, target: float, steps: int, pairs: int, need_steps: int |
         fix.append(f"verify with --pairs {need_pairs}")
     if not fix:
         return base + (f": too noisy for the target {target:.1%}; neither longer trials nor up to "
-                       f"{MAX_PAIRS} pairs reach it. Quiet the machine or accept a larger target.")
+                       f"{MAX_PAIRS} pairs reach it: the trial-to-trial shifts (between-run noise) "
+                       "dominate. Quiet the machine (other jobs share it) or accept a larger target.")
     return base + f": too noisy for the target {target:.1%}. To reach it: " + ", or ".join(fix) + "."

@@ -46,11 +46,12 @@ def format_summary(p: dict[str, Any]) -> str:
                                                   if prof.get("errors") else ""))
     mem = prof.get("memory_bytes") or {}
     if mem:
-        parts = ", ".join(f"{k} {_mib(v)}" for k, v in mem.items() if k != "peak" and v is not None)
+        keys = ("params", "grads", "optimizer_state", "ddp_buckets", "activations_and_other")
+        parts = ", ".join(f"{k} {_mib(mem[k])}" for k in keys if mem.get(k) is not None)
         lines.append(f"  memory rank 0: peak {_mib(mem.get('peak'))} = {parts}")
     mfu = p.get("mfu") or {}
     lines.append(f"  MFU  {_pct(mfu.get('mfu'))}  ({mfu.get('achieved_flops', 0) / 1e9:,.2f} "
-                 f"GFLOP/s of {(mfu.get('peak_flops') or 0) / 1e9:,.1f}; "
+                 f"GFLOP/s of {(mfu.get('job_peak_flops') or 0) / 1e9:,.1f}; "
                  f"{mfu.get('peak_label') or mfu.get('note', '')})")
     n = p.get("noise") or {}
     lines += [
@@ -60,6 +61,12 @@ def format_summary(p: dict[str, Any]) -> str:
         f"pairs (t-interval on log ratios); target {_pct(n.get('target_mde'))}",
         f"  {'WARNING: ' if n.get('too_noisy') else ''}{n.get('advice', '')}",
     ]
+    need, alone = n.get("required_measured_steps"), n.get("required_measured_steps_within_only")
+    if need:
+        lines.append(f"  trial length for the target: measured_steps >= {need}")
+    elif alone:
+        lines.append(f"  trial length for the target if runs did not shift: measured_steps >= {alone}"
+                     " (step jitter alone)")
     loss = p.get("loss") or {}
     if loss:
         lines.append(f"  loss across repeats: max relative spread {loss.get('max_rel_spread', 0):.1e}"
