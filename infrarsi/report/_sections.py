@@ -55,6 +55,8 @@ def headline(data: ReportData) -> list[D.Block]:
     blocks = [D.callout(line, tone)]
     if data.partial and data.promoted:
         blocks.append(D.callout(f"Partial run: {data.partial}.", "warn"))
+    if not data.records:
+        return blocks + [D.p("No trial of this run has finished yet: there is nothing to compare.")]
     b, a = data.before or Side("baseline"), data.after or Side("–")
     mfu_note = f" (against the {data.peak_flops_label})" if data.peak_flops_label else \
         " (no peak FLOP/s known: run `infrarsi doctor`)"
