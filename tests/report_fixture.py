@@ -199,7 +199,8 @@ def make_run(tmp: Path, kind: str = "promoted") -> SynthRun:
     (run_dir / "doctor.json").write_text(json.dumps({
         "baseline_step_s": 0.181, "noise": {"mde": 0.03, "within_run_cv": 0.008, "between_run_cv": 0.012},
         "profile": {"forward": 0.3, "backward": 0.45, "optimizer": 0.1, "communication": 0.15},
-        "peak_flops": 2.0e11, "findings": [{"text": "communication 15% of step, not overlapped"}]}))
+        "mfu": {"mfu": 0.2, "peak_flops": 2.0e11, "peak_label": "measured CPU matmul peak (doctor)"},
+        "findings": [{"text": "communication 15% of step, not overlapped"}]}))
     if kind != "partial":
         best = min((r for r, _ in search if r.ok), key=lambda r: r.step_time_s)
         (run_dir / "run_outcome.json").write_text(json.dumps({

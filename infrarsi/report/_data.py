@@ -324,8 +324,9 @@ def _peak_flops(data: ReportData) -> None:
         for key in ("peak_flops", "measured_peak_flops", "cpu_peak_flops", "matmul_peak_flops"):
             if src.get(key):
                 data.peak_flops = float(src[key])
-                data.peak_flops_label = "measured CPU matmul peak (doctor)" if (
-                    hw is None or hw.device_name.lower() == "cpu") else "doctor"
+                data.peak_flops_label = src.get("peak_label") or mfu.get("peak_label") or (
+                    "measured CPU matmul peak (doctor)" if hw is None
+                    or hw.device_name.lower() == "cpu" else "doctor's peak")
                 return
     if hw is not None and hw.peak_flops:
         data.peak_flops, data.peak_flops_label = hw.peak_flops, "hardware fingerprint peak"

@@ -215,8 +215,11 @@ def doctor(data: ReportData) -> list[D.Block]:
     rows = [("baseline step", _ms(doc.get("baseline_step_s")))]
     rows += [(f"noise: {k}", f"{v:.4g}" if isinstance(v, float) else str(v))
              for k, v in noise.items() if not isinstance(v, dict | list)]
-    if isinstance(doc.get("mfu"), int | float):
-        rows.append(("MFU (doctor)", _pct(doc["mfu"])))
+    mfu = doc.get("mfu")
+    if isinstance(mfu, dict) and mfu.get("mfu") is not None:
+        rows.append(("MFU (doctor)", f"{_pct(mfu['mfu'])} of the {mfu.get('peak_label') or 'peak'}"))
+    elif isinstance(mfu, int | float):
+        rows.append(("MFU (doctor)", _pct(mfu)))
     blocks.append(D.kv(rows))
     finds = doc.get("findings") or []
     if finds:
