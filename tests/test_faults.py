@@ -57,6 +57,26 @@ def test_crashed_dead_and_failed_trials_each_leave_one_row(ray_local, tmp_path):
     assert res.statuses.get("error/communication") == 1
 
 
+def test_a_record_reported_as_a_dict_survives_tunes_flattening():
+    """Tune hands searchers ``flatten_dict(result)``: ``{"record": {...}}`` arrives as
+    ``record/config/...`` keys. Unread, every trial would be recorded as a crash at no cost."""
+    from ray.tune.utils import flatten_dict
+
+    from infrarsi.search import record_from_result
+    from infrarsi.trial import ErrorKind, TrialRecord, TrialStatus
+
+    backend = sim()
+    ok = backend.execute(backend.baseline_config(), trial_id="t1")
+    failed = TrialRecord(trial_id="t2", config=ok.config, status=TrialStatus.ERROR,
+                         error_kind=ErrorKind.WORKER_LOST, backend="ray_train",
+                         workload=ok.workload, hardware=ok.hardware, device_seconds=12.5)
+    for rec in (ok, failed):
+        flat = flatten_dict({"objective": 1.0, "record": rec.to_dict()})
+        assert "record" not in flat
+        assert record_from_result(flat) == rec
+    assert record_from_result({"objective": 1.0}) is None
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "BUG (SearchEngine): with only OOM observations the censored memory model keeps "
     "max P(fit) near 0.46, so the stop rule (best P(fit) < 0.05 after 4 trials) never fires "

@@ -27,11 +27,30 @@ RECORD_KEY = "record"
 
 
 def record_from_result(result: dict[str, Any] | None) -> TrialRecord | None:
-    """The TrialRecord a trainable put in its result (a dict or its JSON), if any."""
-    if not result or RECORD_KEY not in result:
+    """The TrialRecord a trainable put in its result (a dict or its JSON), if any.
+
+    Tune flattens nested dicts in results before a searcher sees them (``record/config/...``),
+    so a record reported as a dict arrives flattened and is rebuilt here.
+    """
+    if not result:
         return None
+    if RECORD_KEY not in result:
+        prefix = RECORD_KEY + "/"
+        flat = {k[len(prefix):]: v for k, v in result.items() if k.startswith(prefix)}
+        return TrialRecord.from_dict(_unflatten(flat)) if flat else None
     raw = result[RECORD_KEY]
     return TrialRecord.from_dict(json.loads(raw) if isinstance(raw, str) else raw)
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        *head, last = key.split("/")
+        for part in head:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
 
 
 class InfraRSISearcher(Searcher):
