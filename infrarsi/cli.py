@@ -1,8 +1,8 @@
 """The ``infrarsi`` command line: one subcommand per stage, plus ``trial`` and ``bank``.
 
 Exit codes: 0 success; 1 the stage ran and failed (e.g. the trial did not come back ok);
-2 a usage error or bad input (the message says what to fix); 3 the stage is not built yet;
-4 the contract is broken (a frozen file changed). Tracebacks only with ``--debug``.
+2 a usage error or bad input (the message says what to fix); 4 the contract is broken (a frozen
+file changed). Tracebacks only with ``--debug``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from infrarsi.errors import (
     ContractError,
     FrozenFileChangedError,
     InfraRSIError,
-    NotBuiltYetError,
 )
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_BUILT, EXIT_CONTRACT = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONTRACT = 0, 1, 2, 4
 
 
 def _parse_set(items: Sequence[str]) -> dict[str, Any]:
@@ -98,14 +97,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                          verify_top=args.verify_top, pairs=args.pairs,
                          max_concurrent=args.max_concurrent, local_mode=args.local_mode,
                          bank_url=args.bank_url, use_experience=not args.cold)
-    return EXIT_OK if outcome.trials else EXIT_FAILED
-
-
-def _not_built(stage: str, issue: str):
-    def run(args: argparse.Namespace) -> int:
-        raise NotBuiltYetError(f"`infrarsi {stage}` is not built yet ({issue}); "
-                               "`infrarsi init` and `infrarsi trial` work today")
-    return run
+    # a search in which no trial ran ok found nothing: say so to scripts and `ray job submit`
+    return EXIT_OK if outcome.best is not None else EXIT_FAILED
 
 
 # ---- parser ---------------------------------------------------------------------------
@@ -175,9 +168,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or EXIT_OK)
-    except NotBuiltYetError as e:
-        print(f"infrarsi {args.command}: {e}", file=sys.stderr)
-        return EXIT_NOT_BUILT
     except (FrozenFileChangedError, ContractError) as e:
         if args.debug:
             raise

@@ -18,7 +18,6 @@ __all__ = [
     "BankError",
     "PatchRejectedError",
     "ModelFallbackWarning",
-    "NotBuiltYetError",
 ]
 
 
@@ -56,10 +55,6 @@ class BankError(InfraRSIError):
 
 class PatchRejectedError(InfraRSIError):
     """A source patch broke the contract; ``reason`` says which rule."""
-
-
-class NotBuiltYetError(InfraRSIError):
-    """A stage that this version of InfraRSI does not provide yet."""
 
 
 class ModelFallbackWarning(UserWarning):

@@ -13,13 +13,9 @@ NAME=$(.venv/bin/python -c "import sys; from infrarsi.contract import load_task;
 RUN_DIR=runs/$NAME
 echo "== init: lock the contract of $TASK"
 $INFRARSI init "$TASK" --run-dir "$RUN_DIR"
-if $INFRARSI doctor --help >/dev/null 2>&1 && ! $INFRARSI doctor --help 2>&1 | grep -q "not built"; then
-  echo "== doctor: profile the baseline and measure the noise floor"
-  $INFRARSI doctor --run-dir "$RUN_DIR"
-fi
+echo "== doctor: profile the baseline and measure the noise floor"
+$INFRARSI doctor --run-dir "$RUN_DIR"
 echo "== run: search $BUDGET trials, verify the best against the baseline"
 $INFRARSI run --run-dir "$RUN_DIR" --budget "$BUDGET"
-if ! $INFRARSI report --help 2>&1 | grep -q "not built"; then
-  echo "== report"
-  $INFRARSI report --run-dir "$RUN_DIR"
-fi
+echo "== report"
+$INFRARSI report --run-dir "$RUN_DIR"

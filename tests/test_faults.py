@@ -77,10 +77,6 @@ def test_a_record_reported_as_a_dict_survives_tunes_flattening():
     assert record_from_result({"objective": 1.0}) is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (SearchEngine): with only OOM observations the censored memory model keeps "
-    "max P(fit) near 0.46, so the stop rule (best P(fit) < 0.05 after 4 trials) never fires "
-    "and an OOM storm spends the whole budget. Flip to a pass when fixed."))
 def test_oom_storm_stops_the_search_and_says_why(ray_local, tmp_path):
     storm = sim("llama-3-70b", "faults-70b-on-8")  # 70B on 8 GPUs: nothing fits
     url = f"sqlite:///{tmp_path / 'bank.sqlite'}"

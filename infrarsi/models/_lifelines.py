@@ -5,8 +5,10 @@ standard deviation (``self._norm_std``), with the parameters flattened in ``_nor
 order. We override ``_add_penalty`` (the hook lifelines calls inside its objective) to put a
 Gaussian prior ``N(m_j, s_j^2)`` on each location coefficient -- rescaled to standardized units
 and divided by ``n`` so it weighs like a prior on the summed likelihood -- plus a one-sided
-quadratic for the physics sign constraints. Intercepts and the ancillary (shape) parameter are
-not penalized. Written against lifelines 0.30.
+quadratic for the physics sign constraints. The location intercept is not penalized; the log of
+the shape parameter gets a weak Gaussian prior (:data:`SHAPE_PRIOR`): with fewer observed peaks
+than coefficients the likelihood alone is unbounded (the fit interpolates the peaks and the
+shape goes to zero), which is exactly the early search. Written against lifelines 0.30.
 """
 
 from __future__ import annotations
@@ -25,12 +27,20 @@ from threadpoolctl import threadpool_limits
 
 _PRIMARY = {"lognormal": ("mu_", "sigma_"), "weibull": ("lambda_", "rho_")}
 
+# Prior on the log shape: centred on a 20% spread of log peak memory around the linear model
+# (log-normal sigma 0.2; the Weibull rho with the same standard deviation, pi / (sqrt(6) rho)),
+# std 1 in log units: a factor e either way, weighed like one pseudo-observation.
+SHAPE_PRIOR_STD = 1.0
+SHAPE_PRIOR = {"lognormal": float(np.log(0.2)), "weibull": float(np.log(np.pi / np.sqrt(6) / 0.2))}
+
 
 class _PriorPenalty:
     """Mixin: the prior-centred penalty. Set ``_prior`` = (m, s, sign, strength) before fit."""
 
     _prior: tuple[np.ndarray, np.ndarray, np.ndarray, float]
     _primary: str
+    _ancillary: str
+    _dist: str
     _pen = None
 
     def _build_penalty(self):
@@ -39,6 +49,10 @@ class _PriorPenalty:
         idx = self._norm_std.index
         center, prec, sg = (np.zeros(len(idx)) for _ in range(3))
         for i, (param, cov) in enumerate(idx):
+            if param == self._ancillary and cov == "Intercept":
+                center[i] = SHAPE_PRIOR[self._dist]
+                prec[i] = 1.0 / (n * SHAPE_PRIOR_STD**2)
+                continue
             if param != self._primary or cov == "Intercept":
                 continue
             j, sd = int(cov[1:]), float(self._norm_std.iloc[i])
@@ -58,11 +72,11 @@ class _PriorPenalty:
 
 
 class _LogNormal(_PriorPenalty, LogNormalAFTFitter):
-    _primary = "mu_"
+    _primary, _ancillary, _dist = "mu_", "sigma_", "lognormal"
 
 
 class _Weibull(_PriorPenalty, WeibullAFTFitter):
-    _primary = "lambda_"
+    _primary, _ancillary, _dist = "lambda_", "rho_", "weibull"
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,7 @@ def _warm_start(dist, X, log_t, observed, m, s, sign, strength) -> np.ndarray:
     center, prec = m * sd, 1.0 / (n * s**2 * sd**2)
     obs = np.asarray(observed, bool)
     lognormal = dist == "lognormal"
+    la_center = SHAPE_PRIOR[dist]
 
     def f(th):
         g, b0, la = th[:p], th[p], th[p + 1]
@@ -108,9 +123,12 @@ def _warm_start(dist, X, log_t, observed, m, s, sign, strength) -> np.ndarray:
             dmu = np.where(obs, -rho * (1 - ew), rho * ew)
             dla = np.where(obs, 1 + w * (1 - ew), -w * ew)
         viol = np.minimum(0.0, sign * g)
-        val = -ll.mean() + 0.5 * np.sum(prec * (g - center) ** 2) + strength * np.sum(viol**2)
+        la_prec = 1.0 / (n * SHAPE_PRIOR_STD**2)
+        val = (-ll.mean() + 0.5 * np.sum(prec * (g - center) ** 2) + strength * np.sum(viol**2)
+               + 0.5 * la_prec * (la - la_center) ** 2)
         grad_g = -(Xs.T @ dmu) / n + prec * (g - center) + 2 * strength * viol * sign
-        return val, np.concatenate([grad_g, [-dmu.mean(), -dla.mean()]])
+        grad_la = -dla.mean() + la_prec * (la - la_center)
+        return val, np.concatenate([grad_g, [-dmu.mean(), grad_la]])
 
     spread = max(float(np.std(log_t)), 0.05)
     la0 = np.log(spread) if lognormal else np.log(1.2825 / spread)

@@ -127,6 +127,9 @@ class PeakMemoryModel(BaseEstimator):
         if not observed.any():
             self._fallback(X, logm, observed, m, s, "no trial with an observed peak (all OOM or none)")
             return self
+        if len(logm) < 2:  # lifelines cannot fit one row; the prior slopes through its peak are the MAP
+            self._fallback(X, logm, observed, m, s, "a single trial: prior slopes through its peak")
+            return self
         rng = np.random.default_rng(self.random_state)
         try:
             self._fit_lifelines(X, logm - self.log_scale_, observed, m, s, sign, rng)

@@ -20,16 +20,19 @@ One suggestion:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 from scipy.stats import norm
 
 from infrarsi.models import FeatureEncoder, KnobPrior, PeakMemoryModel, StepTimeModel, revise_priors
+from infrarsi.models.priors import monotone_signs
 from infrarsi.search._pool import candidate_pool, maximin
 from infrarsi.space import Config, SearchSpace, config_key
 from infrarsi.trial import HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
@@ -66,6 +69,25 @@ def nearest_experience(records: Sequence[TrialRecord], workload: WorkloadSignatu
     return out
 
 
+def _fmt_config(config: Config) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(config.items()))
+
+
+def transferable(space: SearchSpace, records: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """The records whose configs live in ``space`` (a knob they lack ran at its default).
+
+    A bank holds trials of every space (simulated clusters, other tasks, other knob sets);
+    only those the encoder can place in this space carry over.
+    """
+    domains = {k.name: k.values for k in space.knobs}
+    out = []
+    for r in records:
+        cfg = r.config
+        if all(name in domains and value in domains[name] for name, value in cfg.items()):
+            out.append(r)
+    return out
+
+
 @dataclass
 class Suggestion:
     """A config to try, where it came from, and what the models expected of it."""
@@ -74,6 +96,58 @@ class Suggestion:
     origin: str
     predicted: dict[str, float] = field(default_factory=dict)
     pairing: dict[str, Any] | None = None
+
+
+# Own trials fit the difference from experience: a step-time residual whose slopes have this
+# prior std (log units: about a 35% effect per feature unit), and memory slopes that may move a
+# few posterior std from experience's (plus a floor, for slopes experience pinned too tightly).
+TRANSFER_TIME_STD = 0.3
+TRANSFER_MEMORY_STD_SCALE = 2.0
+TRANSFER_MEMORY_STD_FLOOR = 0.1
+
+# Experience models keyed by (space, experience, priors): a benchmark runs many searches with
+# the same experience, and a run's resume re-creates its engine.
+_EXPERIENCE_CACHE: dict[str, tuple[Any, Any]] = {}
+_EXPERIENCE_CACHE_SIZE = 8
+
+
+def _experience_key(space: SearchSpace, records: Sequence[TrialRecord],
+                    priors: Sequence[KnobPrior], objective: Objective) -> str:
+    h = hashlib.sha1(json.dumps(space.names).encode())
+    for r in records:
+        h.update(json.dumps([r.trial_id, config_key(r.config), r.workload.name,
+                             r.workload.vector(), r.hardware.vector(), r.status.value,
+                             objective(r), r.memory_observation], default=str).encode())
+    h.update(json.dumps([asdict(p) for p in priors], sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def _fit_experience(encoder: FeatureEncoder, records: Sequence[TrialRecord],
+                    priors: Sequence[KnobPrior], objective: Objective, with_memory: bool):
+    """Objective and memory models of experience records (either None when it has no rows).
+
+    A fixed random_state, so that every search sharing this experience shares the fit.
+    """
+    ok = [(r, v) for r in records if (v := objective(r)) is not None and v > 0]
+    tm = mm = None
+    if ok:
+        tm = StepTimeModel.from_priors(encoder, list(priors), random_state=0)
+        tm.fit(encoder.transform_records([r for r, _ in ok]), -np.log([v for _, v in ok]))
+    mem_rows = [r for r in records if r.memory_observation is not None]
+    if with_memory and any(r.memory_observation[1] for r in mem_rows):
+        mm = PeakMemoryModel.from_priors(encoder, list(priors), random_state=0)
+        mm.fit(*encoder.memory_dataset(mem_rows))
+    return tm, mm
+
+
+@dataclass
+class _ExperienceFit:
+    time_model: Any
+    memory_model: Any
+    mu: np.ndarray
+    sd: np.ndarray
+    p_oom: np.ndarray
+    mem_median: np.ndarray | None
 
 
 @dataclass
@@ -106,7 +180,8 @@ class SearchEngine:
         self.hardware = hardware
         self.budget = budget
         self.seed = seed
-        self.experience = nearest_experience(experience, workload, hardware, max_experience)
+        self.experience = nearest_experience(transferable(space, experience), workload, hardware,
+                                             max_experience)
         self.priors = list(priors)
         self.objective = objective or default_objective
         self.max_oom_risk = max_oom_risk
@@ -127,6 +202,8 @@ class SearchEngine:
         self.n_suggested = 0
         self.n_seeds_issued = 0
         self._memory_family: str | None = None
+        self._exp_fit: _ExperienceFit | None = None
+        self.lightest_probe: str | None = None  # config key of the "does anything fit?" probe
 
     # ---- observations -----------------------------------------------------------------
     @property
@@ -173,35 +250,93 @@ class SearchEngine:
         self.pending[trial_id or f"s{self.n_suggested}"] = sug.config
         return sug
 
-    def _fit(self, records: Sequence[TrialRecord]) -> _Fit | None:
+    def _fit(self, records: Sequence[TrialRecord]) -> _Fit:
+        """Models of this search's own trials, centred on what experience already says.
+
+        Experience (other workloads and hardware) is fitted once per search (and cached across
+        searches that share it): its predictions are the prior mean, its coefficient posterior
+        the prior of the own-trial fits. Own trials then fit only the *difference* -- a
+        step-time residual and a memory model whose slopes start at experience's -- so a few
+        trials move the prediction and a suggestion costs a fit on tens of rows, not thousands.
+        Without experience the own trials are fitted from the proposer priors alone.
+        """
+        exp = self._experience_fit() if self.experience else None
         ok = [r for r in records if (v := self.objective(r)) is not None and v > 0]
-        mem_rows = [r for r in records if r.memory_observation is not None]
-        if not ok and not self.priors:
-            mu = np.zeros(len(self.pool))
-            sd = np.ones(len(self.pool))
-        else:
-            X = self.encoder.transform_records(ok) if ok else np.zeros((0, self._X_pool.shape[1]))
+        if ok:
+            X = self.encoder.transform_records(ok)
             y = -np.log(np.array([self.objective(r) for r in ok], dtype=float))
-            tm = StepTimeModel.from_priors(self.encoder, self.priors, random_state=self.seed)
-            tm.fit(X, y)
-            mu, sd = tm.predict(self._X_pool, return_std=True)
+            if exp is not None and exp.time_model is not None:
+                tm = StepTimeModel(default_prior_std=TRANSFER_TIME_STD, random_state=self.seed)
+                tm.fit(X, y - exp.time_model.predict(X))
+                rmu, rsd = tm.predict(self._X_pool, return_std=True)
+                mu, sd = exp.mu + rmu, rsd
+            else:
+                tm = StepTimeModel.from_priors(self.encoder, self.priors, random_state=self.seed)
+                tm.fit(X, y)
+                mu, sd = tm.predict(self._X_pool, return_std=True)
             self._time_model = tm
-        p_oom = np.zeros(len(self.pool))
-        med = None
-        if mem_rows and self.hardware.memory_bytes:
-            Xm, mem, obs = self.encoder.memory_dataset(mem_rows)
-            # The family (log-normal or Weibull) is chosen by AIC once; refits reuse it, which
-            # keeps a suggestion fast as trials accumulate.
-            mm = PeakMemoryModel.from_priors(self.encoder, self.priors, random_state=self.seed,
-                                             distribution=self._memory_family or "auto")
-            mm.fit(Xm, mem, obs)
+        elif exp is not None:
+            mu, sd = exp.mu, exp.sd
+        elif self.priors:
+            tm = StepTimeModel.from_priors(self.encoder, self.priors, random_state=self.seed)
+            tm.fit(np.zeros((0, self._X_pool.shape[1])), np.zeros(0))
+            mu, sd = tm.predict(self._X_pool, return_std=True)
+        else:
+            mu, sd = np.zeros(len(self.pool)), np.ones(len(self.pool))
+
+        p_oom, med = np.zeros(len(self.pool)), None
+        mem_rows = [r for r in records if r.memory_observation is not None]
+        capacity = float(self.hardware.memory_bytes or 0)
+        own_peak = any(r.memory_observation[1] for r in mem_rows)
+        if capacity and exp is not None and exp.memory_model is not None and not own_peak:
+            p_oom, med = exp.p_oom, exp.mem_median  # nothing of our own to correct it with yet
+        elif capacity and mem_rows:
+            mm = self._memory_model_for(exp)
+            mm.fit(*self.encoder.memory_dataset(mem_rows))
             if not getattr(mm, "fallen_back_", False):
                 self._memory_family = mm.dist_
-            p_oom = mm.p_oom(self._X_pool, float(self.hardware.memory_bytes))
+            p_oom = mm.p_oom(self._X_pool, capacity)
             med = mm.predict_quantiles(self._X_pool, (0.5,))[:, 0]
             self._memory_model = mm
+        elif capacity and exp is not None and exp.memory_model is not None:
+            p_oom, med = exp.p_oom, exp.mem_median
         return _Fit(np.asarray(mu, float), np.maximum(np.asarray(sd, float), 1e-6),
                     np.clip(np.asarray(p_oom, float), 0.0, 1.0), med)
+
+    def _memory_model_for(self, exp: _ExperienceFit | None) -> PeakMemoryModel:
+        if exp is not None and exp.memory_model is not None:
+            coef, cov = exp.memory_model.coef_posterior()
+            std = TRANSFER_MEMORY_STD_SCALE * np.sqrt(np.clip(np.diag(cov), 0.0, None)) \
+                + TRANSFER_MEMORY_STD_FLOOR
+            return PeakMemoryModel(prior_mean=coef, prior_std=std,
+                                   monotone=monotone_signs(self.encoder),
+                                   distribution=exp.memory_model.dist_, encoder=self.encoder,
+                                   random_state=self.seed)
+        # The family (log-normal or Weibull) is chosen by AIC once; refits reuse it, which
+        # keeps a suggestion fast as trials accumulate.
+        return PeakMemoryModel.from_priors(self.encoder, self.priors, random_state=self.seed,
+                                           distribution=self._memory_family or "auto")
+
+    def _experience_fit(self) -> _ExperienceFit:
+        if self._exp_fit is None:
+            key = _experience_key(self.space, self.experience, self.priors, self.objective)
+            models = _EXPERIENCE_CACHE.get(key)
+            if models is None:
+                models = _fit_experience(self.encoder, self.experience, self.priors,
+                                         self.objective, self.hardware.memory_bytes is not None)
+                _EXPERIENCE_CACHE[key] = models
+                while len(_EXPERIENCE_CACHE) > _EXPERIENCE_CACHE_SIZE:
+                    _EXPERIENCE_CACHE.pop(next(iter(_EXPERIENCE_CACHE)))
+            tm, mm = models
+            fit = _ExperienceFit(tm, mm, np.zeros(len(self.pool)), np.ones(len(self.pool)),
+                                 np.zeros(len(self.pool)), None)
+            if tm is not None:
+                fit.mu, fit.sd = tm.predict(self._X_pool, return_std=True)
+            if mm is not None and self.hardware.memory_bytes:
+                fit.p_oom = mm.p_oom(self._X_pool, float(self.hardware.memory_bytes))
+                fit.mem_median = mm.predict_quantiles(self._X_pool, (0.5,))[:, 0]
+            self._exp_fit = fit
+        return self._exp_fit
 
     def _plan_seeds(self) -> list[dict[str, Any]]:
         plan: list[dict[str, Any]] = []
@@ -211,7 +346,7 @@ class SearchEngine:
         if k <= 0:
             return plan
         if self.experience or self.priors:
-            fit = self._fit(self.experience)
+            fit = self._fit([])
             safe = fit.p_oom <= self.max_oom_risk
             if not safe.any():
                 safe = fit.p_oom <= np.quantile(fit.p_oom, 0.2)
@@ -239,8 +374,15 @@ class SearchEngine:
 
     def _acquire(self, free: np.ndarray) -> Suggestion | None:
         records = self.records
-        fit = self._fit(self.experience + records)
+        fit = self._fit(records)
         self._update_revisions()
+        n_oom = sum(r.status is TrialStatus.OOM for r in records)
+        if n_oom >= 2 and not any(r.ok for r in records) and self.lightest_probe is None:
+            # Nothing has fit yet: before spending more, run the lightest config there is. If
+            # even that runs out of memory, nothing in the space fits (see _check_stop).
+            i = self._lightest(fit, free)
+            self.lightest_probe = config_key(self.pool[i])
+            return Suggestion(dict(self.pool[i]), "probe:lightest", self._pred(fit, i))
         own = [v for r in records if (v := self.objective(r)) is not None and v > 0]
         best_y = -math.log(max(own)) if own else float(np.min(fit.mu[free]))
         spent = len(self.observations) / max(self.budget, 1)
@@ -251,7 +393,7 @@ class SearchEngine:
         ei = np.where(free, np.maximum(ei, 1e-12), -np.inf)
         ei = ei * self._pending_penalty()
         p_fit = 1.0 - fit.p_oom
-        acq = np.where(free, ei * p_fit, -np.inf)
+        acq = np.where(free, np.where(free, ei, 0.0) * p_fit, -np.inf)
         safe = free & (fit.p_oom <= self.max_oom_risk)
         if not safe.any():
             if len(self.observations) >= 4 and float(np.max(p_fit[free])) < 0.05:
@@ -276,6 +418,17 @@ class SearchEngine:
                 }
                 self.pairings.append(pairing)
         return Suggestion(dict(self.pool[choice]), origin, self._pred(fit, choice), pairing)
+
+    def _lightest(self, fit: _Fit, free: np.ndarray) -> int:
+        """The free candidate with the smallest predicted peak; where the memory model cannot
+        tell candidates apart (no observed peak, no prior slopes), the physics signs decide
+        (smallest micro-batch, most checkpointing and sharding)."""
+        physics = self._X_pool @ monotone_signs(self.encoder)
+        if fit.mem_median is not None:
+            logm = np.log(np.maximum(fit.mem_median, 1e-30))
+            if float(np.ptp(logm[free])) > 0.01:
+                return int(np.argmin(np.where(free, logm + 1e-6 * physics, np.inf)))
+        return int(np.argmin(np.where(free, physics, np.inf)))
 
     def _pair(self, i: int, fit: _Fit, safe: np.ndarray) -> int | None:
         """Best memory-saving partner of candidate ``i``: the lowest time price per GiB saved."""
@@ -317,6 +470,20 @@ class SearchEngine:
 
     def _check_stop(self) -> None:
         own = self.records
+        if self.lightest_probe and not any(r.ok for r in own):
+            probe = [r for r in own
+                     if config_key(self.space.normalize(r.config, check=False)) == self.lightest_probe]
+            if probe and probe[-1].status is TrialStatus.OOM:
+                cap = self.hardware.memory_bytes
+                cap_txt = f" ({cap / 2**30:.1f} GiB per device)" if cap else ""
+                self.stop_reason = (
+                    f"out of memory everywhere: all {len(own)} trials ran out of memory, including "
+                    f"the lightest config the memory model and the physics of the knobs point to "
+                    f"({_fmt_config(probe[-1].config)}), so no config searched fits the "
+                    f"device{cap_txt}. Add memory savers to the search "
+                    "space (activation checkpointing, sharded optimizer state, more devices for "
+                    "tensor/pipeline parallelism) or a smaller micro-batch range.")
+                return
         if len(own) >= 3 and all(r.status is TrialStatus.ERROR for r in own):
             kinds = sorted({r.error_kind.value for r in own if r.error_kind})
             self.stop_reason = (
@@ -336,6 +503,7 @@ class SearchEngine:
             "stop_reason": self.stop_reason,
             "n_suggested": self.n_suggested,
             "n_seeds_issued": self.n_seeds_issued,
+            "lightest_probe": self.lightest_probe,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -347,3 +515,4 @@ class SearchEngine:
         self.stop_reason = state.get("stop_reason")
         self.n_suggested = int(state.get("n_suggested", 0))
         self.n_seeds_issued = int(state.get("n_seeds_issued", 0))
+        self.lightest_probe = state.get("lightest_probe")

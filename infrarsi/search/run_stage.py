@@ -76,7 +76,7 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
     """Search ``budget`` trials, verify the best, promote what clears the noise floor."""
     if budget < 1:
         raise InfraRSIError(f"--budget {budget}: give at least 1 trial")
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).resolve()  # trials run with their own working directory
     with RunSession.open(run_dir, resume=resume, bank_url=bank_url, local_mode=local_mode,
                          progress=progress) as session:
         engine = _engine(session, budget, use_experience)
@@ -143,7 +143,7 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
                                     max_concurrent_trials=max_concurrent),
         run_config=tune.RunConfig(
             name=f"infrarsi-{session.run_id}-{int(time.time())}",
-            storage_path=str(session.run_dir / "tune"), verbose=0, log_to_file=False,
+            storage_path=str((session.run_dir / "tune").resolve()), verbose=0, log_to_file=False,
             failure_config=tune.FailureConfig(max_failures=0),
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False)),
     )

@@ -120,6 +120,15 @@ class InfraRSISearcher(Searcher):
             device_seconds=float((last or {}).get("device_seconds", 0.0)),
         )
 
+    # ---- pickling ------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its search algorithm into tuner.pkl when a run starts. The callbacks
+        # close over the run session (bank engine, locks) and cannot be pickled; a restored
+        # searcher gets fresh callbacks from its owner, and our own resume path is save/restore.
+        state = dict(self.__dict__)
+        state["on_record"] = state["on_suggest"] = None
+        return state
+
     # ---- state survives a driver restart ----------------------------------------------
     def get_state(self) -> dict[str, Any]:
         return {"engine": self.engine.state_dict(), "live": self._live}
