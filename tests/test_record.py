@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from infrarsi.trial import ErrorKind, HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
+from infrarsi.trial import (
+    ErrorKind,
+    HardwareFingerprint,
+    TrialRecord,
+    TrialStatus,
+    WorkloadSignature,
+)
 
 WL = WorkloadSignature("dense", 1_000_000, 2, 64, 4, 32, 8)
 HW = HardwareFingerprint("cpu", 2**30, 2)

@@ -14,7 +14,13 @@ from typing import Any
 
 from infrarsi.backends.base import Backend
 from infrarsi.space import Knob, SearchSpace
-from infrarsi.trial import ErrorKind, HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
+from infrarsi.trial import (
+    ErrorKind,
+    HardwareFingerprint,
+    TrialRecord,
+    TrialStatus,
+    WorkloadSignature,
+)
 
 GIB = 2**30
 CAPACITY = 24 * GIB
