@@ -1,0 +1,87 @@
+"""Per-trial overhead against step time, for real Ray Train trials of the reference workloads.
+
+Each trial is a real ``TorchTrainer`` job with the task's workers (gloo on CPU, nccl on GPU),
+run back to back on one local Ray instance, like the search runs them. For each it prints:
+submit -> first measured step (the overhead: worker start, process group, model build,
+warm-up and compile), the median measured step, overhead in steps, and the whole trial's
+wall time. The first trial of a fresh Ray instance pays process start-up that later trials
+reuse less of, so it is shown separately from the median of the rest.
+
+    .venv/bin/python scripts/bench_trial.py [--tasks cpu_dense,cpu_moe] [--repeats 3]
+        [--set compile=default --set micro_batch_size=2]
+
+Peak memory against micro-batch size: ``scripts/bench_memory.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _parse_set(items: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", default="cpu_dense,cpu_moe")
+    ap.add_argument("--repeats", type=int, default=3, help="trials per task (>= 2)")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                    help="a knob for every trial (repeatable; default: the baseline)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+    import ray
+
+    from infrarsi.backends.ray_train import RayTrainBackend
+    from infrarsi.contract import load_task
+
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
+    rows = []
+    try:
+        for name in args.tasks.split(","):
+            spec = load_task(ROOT / "configs" / "tasks" / f"{name}.yaml")
+            backend = RayTrainBackend(spec)
+            config = {**backend.baseline_config(), **_parse_set(args.set)}
+            for i in range(args.repeats):
+                rec = backend.execute(config)
+                step = statistics.median(rec.step_times_s) if rec.step_times_s else float("nan")
+                rows.append((name, i, rec.status.value, rec.startup_seconds, step,
+                             rec.wall_seconds))
+                print(f"  {name} #{i}: {rec.summary()}", flush=True)
+            backend.close()
+    finally:
+        ray.shutdown()
+
+    print("\nper-trial overhead (submit -> first measured step) against step time")
+    print(f"  {'task':10} {'trial':>5} {'status':>7} {'overhead':>9} {'step':>9} "
+          f"{'overhead/step':>13} {'trial wall':>10}")
+    for name, i, status, startup, step, wall in rows:
+        over = f"{startup:8.1f}s" if startup is not None else "        -"
+        ratio = f"{startup / step:12.0f}x" if startup and step == step else "            -"
+        print(f"  {name:10} {i:>5} {status:>7} {over} {step * 1e3:7.1f}ms {ratio} {wall:9.1f}s")
+    for name in args.tasks.split(","):
+        later = [r for r in rows if r[0] == name and r[1] > 0 and r[3] is not None]
+        if later:
+            over = statistics.median(r[3] for r in later)
+            step = statistics.median(r[4] for r in later)
+            print(f"  {name}: after the first trial, median overhead {over:.1f}s = "
+                  f"{over / step:.0f} steps of {step * 1e3:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
