@@ -163,12 +163,9 @@ def test_deadlocked_collective_is_ended_by_the_trial_timeout(full_cluster, tmp_p
           f"{done['device_seconds']:.0f} device-s, CPUs free {summary['freed_s']:.1f}s after")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "BUG, intermittent (2 of 3 runs) (backend under Tune): when the trial timeout kills the TrialRunner inside a Tune "
-    "trial, Ray removes the Tune trial's placement group and destroys the trial's own process "
-    "(ImplicitFunc: 'Destroying worker since its placement group was removed'), so the timeout "
-    "record is never reported: the searcher records a crash with 0 device-seconds. Reproduced "
-    "on plain local Ray too. Make it a plain test when fixed."))
+# Regression: the placement-group reaper used to remove the Tune trial's own group (made by
+# the Tune driver, which the GCS marks with a nil, "dead" creator actor), destroying the trial
+# process before it could report the timeout record (tests/test_reaper.py).
 def test_deadlocked_collective_under_tune_is_recorded_as_a_timeout(full_cluster, tmp_path):
     done, _, summary, _ = _deadlock_run(full_cluster, tmp_path, inline=False)
     assert done["status"] == "error" and done["error_kind"] == "timeout", (done, summary)

@@ -4,6 +4,10 @@ Ray Train's own cleaner removes a dead controller's placement group through the 
 cannot find its cluster on a machine running several Ray instances; then the killed trial's
 CPUs stay reserved forever. A placement group whose creating actor is dead (and that is not
 detached) belongs to no one: removing it is always safe, whoever else is running trials.
+
+Careful: the GCS marks a placement group created by a driver or a plain task (Tune creates each
+trial's group from its driver) with a nil creator actor *and* ``creator_actor_dead=True``. Such
+a group is alive for as long as its job is; only groups an actual actor created are reaped.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ def orphaned_placement_groups() -> list[bytes]:
     out = []
     for raw in accessor.get_placement_group_table():
         pg = gcs_pb2.PlacementGroupTableData.FromString(raw)
-        if pg.state in _ALIVE and not pg.is_detached and pg.creator_actor_dead:
+        nil = b"\xff" * len(pg.creator_actor_id)
+        made_by_actor = bool(pg.creator_actor_id) and pg.creator_actor_id != nil
+        if pg.state in _ALIVE and not pg.is_detached and made_by_actor and pg.creator_actor_dead:
             out.append(pg.placement_group_id)
     return out
 
