@@ -146,3 +146,23 @@ def test_calibration_fidelity_floor(table):
     assert sorted(rhos)[len(rhos) // 2] >= 0.5, rows
     agree = sum(f.tp + f.tn for f in rows) / sum(f.rows for f in rows)
     assert agree >= 0.8, rows
+
+
+def test_simulator_is_a_benchmark_source_scored_by_its_noise_free_best():
+    from infrarsi.bench import run_bench
+    from infrarsi.bench._report import metrics
+    from infrarsi.bench._sources import WORKLOAD_SOURCES
+
+    backends = WORKLOAD_SOURCES["simulator"]({"workloads": [{"name": "dense-single-node"}]})
+    (b,) = backends
+    best = b.best_objective()
+    assert best and best > 0
+    exp = b.records(n=20)
+    assert len(exp) == 20 and exp is b.records(n=20)  # a seeded sample, made once
+    assert any(r.ok for r in exp)
+    for r in exp:
+        if r.ok:  # no measured config beats the best of the space by more than noise
+            assert r.extra["true_objective"] <= best * (1 + 1e-9)
+    runs = run_bench(backends, searchers=["random"], budgets=[5], seeds=[0])
+    (m,) = [metrics(r) for r in runs]
+    assert m.trials == 5 and (m.fraction is None or 0.0 <= m.fraction <= 1.0 + 1e-9)

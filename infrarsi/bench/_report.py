@@ -51,7 +51,9 @@ class RunMetrics:
 def metrics(run: BenchRun) -> RunMetrics:
     recs = run.trajectory.records
     best_in = run.best_in_space
-    objs = [r.extra.get("objective", r.tokens_per_s) if r.ok else None for r in recs]
+    # a simulator scores a found config by its noise-free value ("true_objective")
+    objs = [r.extra.get("true_objective", r.extra.get("objective", r.tokens_per_s)) if r.ok
+            else None for r in recs]
     found = [o for o in objs if o is not None]
     maximize = run.maximize
     best_found = (max(found) if maximize else min(found)) if found else None

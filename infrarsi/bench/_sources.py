@@ -31,6 +31,16 @@ def table_workloads(options: dict[str, Any]) -> list[Backend]:
             for w in wanted]
 
 
+def simulator_workloads(options: dict[str, Any]) -> list[Backend]:
+    """Options: ``workloads`` (list of dicts ``{"name": ...}``, or None = every built-in),
+    ``seed``. Experience: each workload's seeded sample of 200 simulated trials."""
+    from infrarsi.backends.simulator import SimulatorBackend
+
+    wanted = options.get("workloads") or [{"name": n} for n in SimulatorBackend.builtin_names()]
+    return [SimulatorBackend.builtin(w["name"], seed=options.get("seed", 0)) for w in wanted]
+
+
 WORKLOAD_SOURCES: dict[str, Callable[[dict[str, Any]], list[Backend]]] = {
     "table": table_workloads,
+    "simulator": simulator_workloads,
 }

@@ -11,6 +11,7 @@ and for computing the best config of a space, never for a searcher).
 from __future__ import annotations
 
 import hashlib
+import random
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -179,12 +180,41 @@ class SimulatorBackend(Backend):
         wall = startup + out.step_time_s * trial_factor * p.warmup_steps + float(steps.sum())
         phases = {k: v * trial_factor for k, v in out.phases.items() if k != "total"}
         common["extra"]["mfu"] = self._mfu(float(np.median(steps)))
+        # the noise-free throughput: what a benchmark scores a found config by (never a
+        # searcher's input: searchers see the noisy measured steps like on a real cluster)
+        common["extra"]["true_objective"] = self._tokens_per_step / out.step_time_s
         return TrialRecord(status=TrialStatus.OK, step_times_s=tuple(map(float, steps)),
                            peak_memory_bytes=out.peak_bytes, phase_times_s=phases,
                            device_seconds=wall * n, wall_seconds=wall, **common)
 
     def baseline_config(self) -> Config:
         return self._space.defaults()
+
+    # ---- for benchmarks -------------------------------------------------------------------
+    @property
+    def workload_name(self) -> str:
+        return self._wl.name
+
+    def best_objective(self) -> float | None:
+        """The best noise-free tokens/s over every legal config (enumerated once, cached)."""
+        if not hasattr(self, "_best"):
+            best = None
+            for c in self._space.enumerate():
+                out = self.simulate(c)
+                if out.status is TrialStatus.OK:
+                    v = self._tokens_per_step / out.step_time_s
+                    best = v if best is None or v > best else best
+            self._best = best
+        return self._best
+
+    def records(self, n: int = 200) -> list[TrialRecord]:
+        """Experience for other workloads' searches: ``n`` legal configs (a seeded sample) run
+        as trials, failures and OOMs included, as a bank would hold them."""
+        if not hasattr(self, "_records"):
+            sample = self._space.sample(n, random.Random(f"experience|{self._wl.name}|{self.seed}"))
+            self._records = [self.execute(c, trial_id=f"exp-{self._wl.name}-{i}")
+                             for i, c in enumerate(sample)]
+        return self._records
 
     # ---- helpers ------------------------------------------------------------------------
     @property
