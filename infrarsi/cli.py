@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from infrarsi.errors import (
+    ConfigError,
     ContractError,
     FrozenFileChangedError,
     InfraRSIError,
@@ -60,7 +61,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else spec.run_path()
     contract = Contract.load(run_dir) if (run_dir / CONTRACT_FILE).is_file() else None
     backend = RayTrainBackend(spec, contract=contract, local_mode=args.local_mode)
-    config = {**backend.baseline_config(), **_parse_set(args.set)}
+    overrides = _parse_set(args.set)
+    backend = _with_patches(backend, run_dir, overrides)
+    config = {**backend.baseline_config(), **overrides}
     record = backend.execute(config)
     if args.json:
         print(json.dumps(record.to_dict(), indent=2, default=str))
@@ -68,6 +71,26 @@ def cmd_trial(args: argparse.Namespace) -> int:
         print(record.summary())
         _print_record_details(record)
     return EXIT_OK if record.ok else EXIT_FAILED
+
+
+def _with_patches(backend, run_dir: Path, overrides: dict[str, Any]):
+    """``--set patch:<id>=true``: run in a copy with that patch of the run's verified ones."""
+    from infrarsi.patches import KNOB_PREFIX
+
+    wanted = [k[len(KNOB_PREFIX):] for k in overrides if k.startswith(KNOB_PREFIX)]
+    if not wanted:
+        return backend
+    from infrarsi.search._patch_stage import PATCHES_FILE, load_setup
+    from infrarsi.search._patched import PatchedBackend
+
+    setup = load_setup(run_dir)
+    known = [p.id for p in setup.verified] if setup else []
+    missing = [w for w in wanted if w not in known]
+    if missing:
+        raise ConfigError(f"patch(es) {', '.join(missing)} are not among the verified patches of "
+                          f"{run_dir / PATCHES_FILE} ({', '.join(known) or 'none'}); pass the "
+                          "--run-dir of the run that verified them")
+    return PatchedBackend.ray_train(backend, setup.verified, conflicts=setup.conflicts)
 
 
 def _print_record_details(record) -> None:
@@ -96,7 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     outcome = run_search(run_dir, budget=args.budget, resume=args.resume,
                          verify_top=args.verify_top, pairs=args.pairs,
                          max_concurrent=args.max_concurrent, local_mode=args.local_mode,
-                         bank_url=args.bank_url, use_experience=not args.cold)
+                         bank_url=args.bank_url, use_experience=not args.cold,
+                         patches=not args.no_patches)
     # a search in which no trial ran ok found nothing: say so to scripts and `ray job submit`
     return EXIT_OK if outcome.best is not None else EXIT_FAILED
 
@@ -142,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--bank-url", help="experience bank URL (default: task spec, $INFRARSI_BANK_URL, "
                    "else experience_db/bank.sqlite)")
     s.add_argument("--cold", action="store_true", help="ignore experience from the bank")
+    s.add_argument("--no-patches", action="store_true",
+                   help="search launch knobs only: no source patches proposed, verified or tried")
     s.add_argument("--local-mode", action="store_true",
                    help="run trials in-process (no Ray Train workers; for quick checks)")
     s.set_defaults(func=cmd_run)

@@ -41,6 +41,8 @@ class Progress:
             mem = "-"
         self.out(f"{n:>3}  {origin[:22]:<22} {status[:18]:<18} {step:>9} {sp:>8} {best:>6}  "
                  f"{mem:>16} {r.device_seconds:7.0f}s")
+        if r.extra.get("patches"):
+            self.out(f"     patched: {', '.join(r.extra['patches'])}")
         if r.error_message and not r.ok:
             self.out(f"     {r.error_message.splitlines()[0][:150]}")
 

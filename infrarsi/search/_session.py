@@ -46,6 +46,8 @@ class RunSession:
         self.seed = contract.loss_reference.get("seed", 0)
         self.baseline_step_s: float | None = None
         self.mde: float | None = None
+        self.patches: list = []  # verified patches searched as knobs (see use_patches)
+        self.patch_conflicts: list[tuple[str, str, str]] = []
         self._beats: dict[str, Any] = {}
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -145,6 +147,15 @@ class RunSession:
             return []
         return [n.record for n in near if n.run_id != self.run_id]
 
+    def use_patches(self, verified: list, conflicts: list[tuple[str, str, str]] = ()) -> None:
+        """Search ``verified`` patches as bool knobs: the backend becomes a PatchedBackend."""
+        from infrarsi.search._patched import PatchedBackend
+
+        self.patches, self.patch_conflicts = list(verified), [tuple(c) for c in conflicts]
+        if self.patches:
+            self.backend = PatchedBackend.ray_train(self.backend, self.patches,
+                                                    conflicts=self.patch_conflicts)
+
     def priors(self) -> list:
         try:
             from infrarsi.proposers import ExpertProposer
@@ -153,7 +164,8 @@ class RunSession:
         try:
             return list(ExpertProposer().priors({"space": self.backend.space,
                                                  "workload": self.backend.workload,
-                                                 "hardware": self.backend.hardware}))
+                                                 "hardware": self.backend.hardware,
+                                                 "spec": self.spec, "patches": self.patches}))
         except Exception as e:  # noqa: BLE001 - priors are advice; a broken one must not stop a run
             self.progress(f"warning: the expert proposer failed ({e}); searching without priors")
             return []
@@ -192,7 +204,10 @@ class RunSession:
         self.progress(f"resume: {len(engine.observations)} trial(s) already done")
 
     def promote(self, verdict) -> None:
-        self.bank.record_promotion(self.run_id, verdict.config, [], verdict.to_dict())
+        from infrarsi.patches import enabled_patches
+
+        ids = [p.id for p in enabled_patches(verdict.config, self.patches)]
+        self.bank.record_promotion(self.run_id, verdict.config, ids, verdict.to_dict())
 
     def finish(self, status: str) -> None:
         self.bank.finish_run(self.run_id, status)

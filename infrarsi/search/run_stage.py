@@ -1,11 +1,14 @@
 """The run stage: Ray Tune drives InfraRSISearcher over real trials, then verification.
 
 Flow: load the contract (frozen files re-checked) -> open the bank (warn and run cold when it
-is unreachable) -> take the run lock -> start or resume the run in the bank -> seed the engine
-with experience (nearest signatures) and proposer priors -> Ray Tune runs the trials, each a Ray
-Train job through the backend; every finished trial is written to the bank and to the progress
-table, the searcher state is saved after each -> the top candidates are re-measured interleaved
-with the baseline and the best one that clears doctor's noise floor is promoted.
+is unreachable) -> take the run lock -> start or resume the run in the bank -> the proposer's
+patches are verified against the contract and recorded (bank and ``patches.json``); the
+verified ones join the space as ``patch:<id>`` bool knobs -> seed the engine with experience
+(nearest signatures) and proposer priors -> Ray Tune runs the trials, each a Ray Train job
+through the backend (in a patched copy of the workspace when patch knobs are on); every
+finished trial is written to the bank and to the progress table, the searcher state is saved
+after each -> the top candidates are re-measured interleaved with the baseline and the best one
+that clears doctor's noise floor is promoted (with the patches it turns on).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from infrarsi.contract import Contract
 from infrarsi.errors import InfraRSIError
+from infrarsi.search._patch_stage import prepare_patches, promoted_patches
 from infrarsi.search._progress import Progress
 from infrarsi.search._session import RunSession
 from infrarsi.search.engine import SearchEngine
@@ -41,6 +45,9 @@ class RunOutcome:
     verdicts: list[Verdict] = field(default_factory=list)
     promoted: Verdict | None = None
     stop_reason: str | None = None
+    verified_patches: list[str] = field(default_factory=list)
+    # the patches the promoted config turns on: id, origin, files, digest, diff
+    promoted_patches: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -50,12 +57,18 @@ class RunOutcome:
             "verdicts": [v.to_dict() for v in self.verdicts],
             "promoted": self.promoted.to_dict() if self.promoted else None,
             "stop_reason": self.stop_reason,
+            "verified_patches": self.verified_patches,
+            "promoted_patches": self.promoted_patches,
         }
 
 
 def _trainable(config: dict[str, Any], *, spec_dict: dict[str, Any], run_dir: str,
-               local_mode: bool) -> None:
-    """One Tune trial: one Ray Train job of ``config``; reports the whole record."""
+               local_mode: bool, patches: list[dict[str, Any]] | None = None,
+               conflicts: list[list[str]] | None = None) -> None:
+    """One Tune trial: one Ray Train job of ``config``; reports the whole record.
+
+    ``patches`` (plain dicts) are the run's verified patches: a config with patch knobs on is
+    materialized here, in the trial's own process, and runs in that patched copy."""
     from ray import tune
 
     from infrarsi.backends.ray_train import RayTrainBackend
@@ -63,6 +76,12 @@ def _trainable(config: dict[str, Any], *, spec_dict: dict[str, Any], run_dir: st
 
     contract = Contract.load(Path(run_dir))  # re-verifies frozen files in the trial process
     backend = RayTrainBackend(TaskSpec.from_dict(spec_dict), contract=contract, local_mode=local_mode)
+    if patches:
+        from infrarsi.patches import Patch
+        from infrarsi.search._patched import PatchedBackend
+
+        backend = PatchedBackend.ray_train(backend, [Patch.from_dict(p) for p in patches],
+                                           conflicts=[tuple(c) for c in conflicts or ()])
     trial_id = tune.get_context().get_trial_id()
     record = backend.execute(config, trial_id=trial_id)
     tune.report({"objective": backend.objective(record) or 0.0, "record": record.to_dict(),
@@ -72,13 +91,19 @@ def _trainable(config: dict[str, Any], *, spec_dict: dict[str, Any], run_dir: st
 def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: int = 2,
                pairs: int = 3, max_concurrent: int = 1, local_mode: bool = False,
                bank_url: str | None = None, progress: Callable[[str], None] = print,
-               use_experience: bool = True) -> RunOutcome:
-    """Search ``budget`` trials, verify the best, promote what clears the noise floor."""
+               use_experience: bool = True, patches: bool = True,
+               proposer: Any = None) -> RunOutcome:
+    """Search ``budget`` trials, verify the best, promote what clears the noise floor.
+
+    ``patches=False`` searches launch knobs only (``--no-patches``); ``proposer`` overrides the
+    one the task spec implies (LLM when it has an ``llm:`` section, else expert)."""
     if budget < 1:
         raise InfraRSIError(f"--budget {budget}: give at least 1 trial")
     run_dir = Path(run_dir).resolve()  # trials run with their own working directory
     with RunSession.open(run_dir, resume=resume, bank_url=bank_url, local_mode=local_mode,
                          progress=progress) as session:
+        setup = prepare_patches(session, enabled=patches, resume=resume, proposer=proposer)
+        session.use_patches(setup.verified, setup.conflicts)
         engine = _engine(session, budget, use_experience)
         state_path = run_dir / STATE_FILE
         if resume:
@@ -89,7 +114,8 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
             table.header(budget, engine.n_init)
             _tune(session, engine, budget - done, state_path, table, max_concurrent)
         outcome = RunOutcome(session.run_id, len(engine.observations), None,
-                             stop_reason=engine.stop_reason)
+                             stop_reason=engine.stop_reason,
+                             verified_patches=[p.id for p in session.patches])
         best = engine.best()
         outcome.best = best[0] if best else None
         if engine.stop_reason:
@@ -98,6 +124,7 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
         winners = [v for v in outcome.verdicts if v.promoted]
         if winners:
             outcome.promoted = max(winners, key=lambda v: (v.ci_low or 0.0, v.speedup or 0.0))
+            outcome.promoted_patches = promoted_patches(outcome.promoted.config, session.patches)
             session.promote(outcome.promoted)
         (run_dir / OUTCOME_FILE).write_text(json.dumps(outcome.to_dict(), indent=2, default=str))
         table.summary(outcome)
@@ -135,7 +162,9 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
     searcher = InfraRSISearcher(engine, state_path=state_path, on_record=on_record,
                                 on_suggest=session.open_trial)
     trainable = tune.with_parameters(_trainable, spec_dict=session.spec.to_dict(),
-                                     run_dir=str(session.run_dir), local_mode=session.local_mode)
+                                     run_dir=str(session.run_dir), local_mode=session.local_mode,
+                                     patches=[p.to_dict() for p in session.patches],
+                                     conflicts=[list(c) for c in session.patch_conflicts])
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     tuner = tune.Tuner(
         tune.with_resources(trainable, session.trial_driver_resources()),
