@@ -302,3 +302,33 @@ def test_cli_trial_refuses_a_patch_the_run_did_not_verify(run_dir, capsys):
                    "--set", "patch:sdpa_attention=true"])
     assert rc == cli.EXIT_USAGE
     assert "not among the verified patches" in capsys.readouterr().err
+
+
+def test_a_promotion_names_its_patches_for_apply(run_dir, tmp_path):
+    from infrarsi.search._patch_stage import promoted_patches
+    from infrarsi.search.verify import Verdict
+
+    with _open(run_dir, f"sqlite:///{tmp_path / 'b.sqlite'}", []) as s:
+        s.use_patches([SDPA, MASK], [("cached_mask_rotary", "sdpa_attention", "same lines")])
+        config = {**s.backend.baseline_config(), "micro_batch_size": 2, "patch:sdpa_attention": True}
+        s.promote(Verdict(config, True, "clears the floor", 1.3, 1.1, 1.5))
+        promo = s.bank.promotion(s.run_id)
+    assert promo.patches == ("sdpa_attention",) and promo.config["patch:sdpa_attention"] is True
+    [p] = promoted_patches(config, [SDPA, MASK])
+    assert p["id"] == "sdpa_attention" and p["diff"] == SDPA.diff and p["files"] == ["models/layers.py"]
+
+
+def test_the_llm_proposer_is_used_when_the_spec_configures_one(tmp_path, monkeypatch):
+    from infrarsi.proposers import ExpertProposer, LLMProposer
+    from infrarsi.search._patch_stage import make_proposer
+
+    monkeypatch.delenv("INFRARSI_LLM_MODEL", raising=False)
+    plain = load_task(copy_task(tmp_path / "a"))
+    assert isinstance(make_proposer(plain), ExpertProposer)
+    llm = load_task(copy_task(tmp_path / "b", **{"llm.model": "Qwen/Qwen2.5-Coder-7B-Instruct"}))
+    chosen = make_proposer(llm)
+    assert isinstance(chosen, LLMProposer) and isinstance(chosen.fallback, ExpertProposer)
+    lines: list = []
+    empty = load_task(copy_task(tmp_path / "c", **{"llm.model": ""}))
+    assert isinstance(make_proposer(empty, lines.append), ExpertProposer)
+    assert "LLM proposer could not start" in lines[0]
