@@ -137,6 +137,29 @@ def test_a_real_speedup_is_promoted():
     assert v.promoted and v.speedup > 2.0
 
 
+def test_an_open_verdict_gets_more_pairs_and_a_noisy_real_speedup_is_promoted():
+    fixed = adaptive = 0
+    for seed in range(5):
+        base = ToyBackend(seed=seed, noise=0.15).baseline_config()
+        fast = {**base, "precision": "bf16"}  # 1.5x, under 15% trial-to-trial noise
+        v3 = verify_candidate(ToyBackend(seed=seed, noise=0.15), base, fast, pairs=3, mde=0.2,
+                              tag="f")
+        v = verify_candidate(ToyBackend(seed=seed, noise=0.15), base, fast, pairs=3, mde=0.2,
+                             tag="a", max_pairs=12)
+        assert len(v3.pairs) == 3 and len(v.pairs) >= len(v3.pairs)
+        fixed += v3.promoted
+        adaptive += v.promoted
+    assert adaptive >= 4 and fixed <= 1, (fixed, adaptive)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_more_pairs_never_promote_a_candidate_identical_to_the_baseline(seed):
+    b = ToyBackend(seed=seed, noise=0.15)
+    base = b.baseline_config()
+    v = verify_candidate(b, base, dict(base), pairs=3, mde=0.05, tag="noise", max_pairs=12)
+    assert not v.promoted, v.reason
+
+
 def test_searcher_inside_a_users_own_tuner(ray_local, tmp_path):
     from ray import tune
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -11,8 +12,11 @@ from infrarsi.space import Config, SearchSpace, config_key
 MAX_ENUMERATE = 20_000
 
 
-def candidate_pool(space: SearchSpace, seed: int, size: int = 5_000) -> list[Config]:
-    """All legal configs when the space is small enough, else ``size`` distinct legal samples.
+def candidate_pool(space: SearchSpace, seed: int, size: int = 5_000,
+                   include: Sequence[Config] = ()) -> list[Config]:
+    """All legal configs when the space is small enough, else ``size`` distinct legal samples
+    plus the legal configs of ``include`` (the baseline and its neighbours: a sample must not
+    lose the config every speedup is measured against).
 
     Deterministic in ``seed`` so a restored searcher rebuilds the same pool.
     """
@@ -20,8 +24,23 @@ def candidate_pool(space: SearchSpace, seed: int, size: int = 5_000) -> list[Con
         pool = space.enumerate(limit=None)
     else:
         pool = space.sample(size, random.Random(seed))
+        keys = {config_key(c) for c in pool}
+        for c in include:
+            if config_key(c) not in keys and space.is_legal(c):
+                keys.add(config_key(c))
+                pool.append(dict(c))
     pool.sort(key=config_key)
     return pool
+
+
+def neighbourhood(space: SearchSpace, config: Config) -> list[Config]:
+    """``config`` and every config that changes one knob of it (legal or not; the pool filters)."""
+    out = [dict(config)]
+    for k in space.knobs:
+        for v in k.values:
+            if v != config.get(k.name):
+                out.append(space.normalize({**config, k.name: v}, check=False))
+    return out
 
 
 def maximin(X: np.ndarray, k: int, *, start: int, exclude: set[int] = frozenset()) -> list[int]:

@@ -33,7 +33,7 @@ from scipy.stats import norm
 
 from infrarsi.models import FeatureEncoder, KnobPrior, PeakMemoryModel, StepTimeModel, revise_priors
 from infrarsi.models.priors import monotone_signs
-from infrarsi.search._pool import candidate_pool, maximin
+from infrarsi.search._pool import candidate_pool, maximin, neighbourhood
 from infrarsi.space import Config, SearchSpace, config_key
 from infrarsi.trial import HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
 
@@ -102,6 +102,11 @@ class Suggestion:
 # prior std (log units: about a 35% effect per feature unit), and memory slopes that may move a
 # few posterior std from experience's (plus a floor, for slopes experience pinned too tightly).
 TRANSFER_TIME_STD = 0.3
+
+# After two OOMs and nothing that fit, the lightest configs are run before anything else; when
+# this many of them run out of memory too, the search stops (one could be a fluke of a noisy
+# measurement, two agreeing are not).
+LIGHTEST_PROBES = 2
 TRANSFER_MEMORY_STD_SCALE = 2.0
 TRANSFER_MEMORY_STD_FLOOR = 0.1
 
@@ -189,7 +194,8 @@ class SearchEngine:
         self.include_baseline = include_baseline
         informed = bool(self.experience or self.priors)
         self.n_init = n_init if n_init is not None else max(1, min(3 if informed else 4, budget // 3))
-        self.pool = candidate_pool(space, seed, pool_size)
+        self.pool = candidate_pool(space, seed, pool_size,
+                                   include=neighbourhood(space, self.baseline) if self.baseline else ())
         self._pool_keys = {config_key(c): i for i, c in enumerate(self.pool)}
         self.encoder = FeatureEncoder(space).fit()
         self._X_pool = self.encoder.transform(self.pool, workload, hardware)
@@ -203,7 +209,7 @@ class SearchEngine:
         self.n_seeds_issued = 0
         self._memory_family: str | None = None
         self._exp_fit: _ExperienceFit | None = None
-        self.lightest_probe: str | None = None  # config key of the "does anything fit?" probe
+        self.lightest_probes: list[str] = []  # config keys of the "does anything fit?" probes
 
     # ---- observations -----------------------------------------------------------------
     @property
@@ -377,11 +383,12 @@ class SearchEngine:
         fit = self._fit(records)
         self._update_revisions()
         n_oom = sum(r.status is TrialStatus.OOM for r in records)
-        if n_oom >= 2 and not any(r.ok for r in records) and self.lightest_probe is None:
-            # Nothing has fit yet: before spending more, run the lightest config there is. If
-            # even that runs out of memory, nothing in the space fits (see _check_stop).
+        if (n_oom >= 2 and not any(r.ok for r in records)
+                and len(self.lightest_probes) < LIGHTEST_PROBES):
+            # Nothing has fit yet: before spending more, run the lightest configs there are. If
+            # even those run out of memory, nothing in the space fits (see _check_stop).
             i = self._lightest(fit, free)
-            self.lightest_probe = config_key(self.pool[i])
+            self.lightest_probes.append(config_key(self.pool[i]))
             return Suggestion(dict(self.pool[i]), "probe:lightest", self._pred(fit, i))
         own = [v for r in records if (v := self.objective(r)) is not None and v > 0]
         best_y = -math.log(max(own)) if own else float(np.min(fit.mu[free]))
@@ -470,15 +477,16 @@ class SearchEngine:
 
     def _check_stop(self) -> None:
         own = self.records
-        if self.lightest_probe and not any(r.ok for r in own):
+        if len(self.lightest_probes) == LIGHTEST_PROBES and not any(r.ok for r in own):
             probe = [r for r in own
-                     if config_key(self.space.normalize(r.config, check=False)) == self.lightest_probe]
-            if probe and probe[-1].status is TrialStatus.OOM:
+                     if config_key(self.space.normalize(r.config, check=False))
+                     in self.lightest_probes]
+            if len(probe) == LIGHTEST_PROBES and all(r.status is TrialStatus.OOM for r in probe):
                 cap = self.hardware.memory_bytes
                 cap_txt = f" ({cap / 2**30:.1f} GiB per device)" if cap else ""
                 self.stop_reason = (
                     f"out of memory everywhere: all {len(own)} trials ran out of memory, including "
-                    f"the lightest config the memory model and the physics of the knobs point to "
+                    f"the lightest configs the memory model and the physics of the knobs point to, e.g. "
                     f"({_fmt_config(probe[-1].config)}), so no config searched fits the "
                     f"device{cap_txt}. Add memory savers to the search "
                     "space (activation checkpointing, sharded optimizer state, more devices for "
@@ -503,7 +511,7 @@ class SearchEngine:
             "stop_reason": self.stop_reason,
             "n_suggested": self.n_suggested,
             "n_seeds_issued": self.n_seeds_issued,
-            "lightest_probe": self.lightest_probe,
+            "lightest_probes": self.lightest_probes,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -515,4 +523,4 @@ class SearchEngine:
         self.stop_reason = state.get("stop_reason")
         self.n_suggested = int(state.get("n_suggested", 0))
         self.n_seeds_issued = int(state.get("n_seeds_issued", 0))
-        self.lightest_probe = state.get("lightest_probe")
+        self.lightest_probes = list(state.get("lightest_probes", []))

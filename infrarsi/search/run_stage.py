@@ -14,6 +14,7 @@ that clears doctor's noise floor is promoted (with the patches it turns on).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import warnings
@@ -166,6 +167,10 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
                                      patches=[p.to_dict() for p in session.patches],
                                      conflicts=[list(c) for c in session.patch_conflicts])
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # Our progress table is the output: Tune's own (the experiment box, the per-trial files it
+    # looks for because the loggers above are off) would interleave with it.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     tuner = tune.Tuner(
         tune.with_resources(trainable, session.trial_driver_resources()),
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=n,
@@ -204,7 +209,8 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
     for i, cand in enumerate(candidates):
         table.note(f"verifying candidate {i + 1}/{len(candidates)} with {pairs} interleaved pairs")
         v = verify_candidate(session.backend, baseline, cand, pairs=pairs, mde=mde,
-                             tag=f"verify{i}", on_record=lambda rec, origin: session.record(rec, origin))
+                             tag=f"verify{i}", max_pairs=2 * pairs,
+                             on_record=lambda rec, origin: session.record(rec, origin))
         table.note(("PROMOTABLE: " if v.promoted else "not promoted: ") + v.reason)
         verdicts.append(v)
     return verdicts
