@@ -1,14 +1,21 @@
-"""InfraRSI's own searcher in the benchmark registry, run through the same protocol as peers."""
+"""InfraRSI's own searcher in the benchmark registry, run through the same protocol as peers.
+
+It runs as ``infrarsi run`` does: with the offline expert proposer's knob priors (rules of
+thumb, no LLM and nothing learned from the benchmark's data), and, in the ``+exp`` rows, with
+the leave-one-workload-out experience a bank would hold.
+"""
 
 from __future__ import annotations
 
 from infrarsi.bench._peers import METRIC, register_searcher
+from infrarsi.proposers import ExpertProposer
 from infrarsi.search import InfraRSISearcher, SearchEngine
 
 
 @register_searcher("infrarsi", uses_experience=True)
 def make_infrarsi(space, backend, budget, seed, experience=None):
+    priors = ExpertProposer().priors({"space": space, "hardware": backend.hardware})
     engine = SearchEngine(space, backend.workload, backend.hardware, budget=budget, seed=seed,
                           experience=experience or (), objective=backend.objective,
-                          baseline=backend.baseline_config())
+                          baseline=backend.baseline_config(), priors=priors)
     return InfraRSISearcher(engine, metric=METRIC, mode="max")
