@@ -38,11 +38,14 @@ def find_conflicts(verified: Sequence[Patch], workspace: Path, scope: Scope | No
 
 def patch_rules(verified: Sequence[Patch], workspace: Path, scope: Scope | None = None) -> list[Rule]:
     """Legality rules that keep conflicting patches out of the same config."""
-    rules = []
-    for a, b, why in find_conflicts(verified, workspace, scope):
-        ka, kb = f"patch:{a}", f"patch:{b}"
-        rules.append(Rule(f"patches {a}+{b}", _conflict(ka, kb, why)))
-    return rules
+    return conflict_rules(find_conflicts(verified, workspace, scope))
+
+
+def conflict_rules(conflicts: Sequence[tuple[str, str, str]]) -> list[Rule]:
+    """Rules keeping each conflicting pair ``(id, id, why)`` out of one config (plain data in,
+    so a trial process rebuilds them without re-applying patches)."""
+    return [Rule(f"patches {a}+{b}", _conflict(f"patch:{a}", f"patch:{b}", why))
+            for a, b, why in conflicts]
 
 
 def _conflict(ka: str, kb: str, why: str):

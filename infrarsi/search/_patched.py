@@ -28,7 +28,8 @@ from infrarsi.patches import (
     workspace_for,
 )
 from infrarsi.patches._workspace import check_frozen
-from infrarsi.space import Config, Rule, SearchSpace
+from infrarsi.patches.knobs import conflict_rules
+from infrarsi.space import Config, SearchSpace
 from infrarsi.trial import (
     ErrorKind,
     HardwareFingerprint,
@@ -38,21 +39,6 @@ from infrarsi.trial import (
 )
 
 Conflict = tuple[str, str, str]  # (patch id, patch id, why they do not apply together)
-
-
-def conflict_rules(conflicts: Sequence[Conflict]) -> list[Rule]:
-    """Legality rules keeping each conflicting pair out of one config (plain data in, so a
-    trial process rebuilds them without re-applying patches)."""
-    return [Rule(f"patches {a}+{b}", _conflict(KNOB_PREFIX + a, KNOB_PREFIX + b, why))
-            for a, b, why in conflicts]
-
-
-def _conflict(ka: str, kb: str, why: str):
-    def check(c: Mapping[str, Any]) -> str | None:
-        if c.get(ka) and c.get(kb):
-            return f"{ka} and {kb} do not apply together ({why}); turn one of them off"
-        return None
-    return check
 
 
 def launch_part(config: Mapping[str, Any]) -> Config:
