@@ -11,7 +11,7 @@ from toy_backend import CAPACITY, ToyBackend
 from infrarsi.search import InfraRSISearcher, SearchEngine
 from infrarsi.search.verify import paired_speedup, verify_candidate
 from infrarsi.space import config_key
-from infrarsi.trial import TrialStatus
+from infrarsi.trial import ErrorKind, TrialRecord, TrialStatus
 
 
 def _engine(backend: ToyBackend, budget: int = 12, seed: int = 0, **kw) -> SearchEngine:
@@ -111,8 +111,37 @@ def test_a_broken_workload_stops_the_search_early_with_the_reason():
     b = ToyBackend(broken=True)
     eng = _engine(b, budget=20)
     runs = _drive(eng, b, 20)
-    assert len(runs) == 3
+    # 3 failures, or a few more while a setting they all shared is ruled out first
+    assert 3 <= len(runs) <= 6
     assert "all failed" in eng.stop_reason and "ImportError" in eng.stop_reason
+
+
+class _CrashesOnBf16(ToyBackend):
+    """A verified patch that breaks under bf16 autocast, in miniature."""
+
+    def execute(self, config, *, trial_id=None):
+        if config.get("precision") == "bf16":
+            c = self.space.normalize(config)
+            return TrialRecord(trial_id=trial_id or "x", config=c, backend=self.name,
+                               workload=self.workload, hardware=self.hardware,
+                               status=TrialStatus.ERROR, error_kind=ErrorKind.CRASH,
+                               error_message="RuntimeError: Index put requires the source and "
+                                             "destination dtypes match", device_seconds=60.0)
+        return super().execute(config, trial_id=trial_id)
+
+
+def test_crashes_that_share_a_setting_steer_the_search_around_it_instead_of_stopping_it():
+    b = _CrashesOnBf16()
+    eng = _engine(b, budget=12)
+    base = b.baseline_config()
+    for i, mbs in enumerate((1, 2, 4)):  # three crashes, all bf16, otherwise different
+        cfg = {**base, "precision": "bf16", "micro_batch_size": mbs}
+        eng.observe(b.execute(cfg, trial_id=f"c{i}"), "seed")
+    assert eng.stop_reason is None
+    assert eng._suspect_settings(eng.records) == {("precision", "bf16")}  # noqa: SLF001
+    recs = [rec for _, rec in _drive(eng, b, 6)]
+    assert recs and all(r.config["precision"] == "fp32" for r in recs)
+    assert any(r.ok for r in recs)
 
 
 def test_paired_speedup_interval():

@@ -107,6 +107,10 @@ TRANSFER_TIME_STD = 0.3
 # this many of them run out of memory too, the search stops (one could be a fluke of a noisy
 # measurement, two agreeing are not).
 LIGHTEST_PROBES = 2
+
+# P(fit) multiplier for candidates with a setting every crash so far shared (see
+# SearchEngine._suspect_settings): not zero, the setting may be innocent.
+SUSPECT_FIT = 0.02
 TRANSFER_MEMORY_STD_SCALE = 2.0
 TRANSFER_MEMORY_STD_FLOOR = 0.1
 
@@ -243,7 +247,9 @@ class SearchEngine:
             return None
         if not self.seed_plan:
             self.seed_plan = self._plan_seeds()
-        seeds = [s for s in self.seed_plan if config_key(s["config"]) not in taken]
+        suspects = self._suspect_settings(self.records)
+        seeds = [s for s in self.seed_plan if config_key(s["config"]) not in taken
+                 and not any(s["config"].get(k) == v for k, v in suspects)]
         if seeds and self.n_seeds_issued < len(self.seed_plan):
             s = seeds[0]
             self.n_seeds_issued += 1
@@ -400,6 +406,10 @@ class SearchEngine:
         ei = np.where(free, np.maximum(ei, 1e-12), -np.inf)
         ei = ei * self._pending_penalty()
         p_fit = 1.0 - fit.p_oom
+        suspects = self._suspect_settings(records)
+        if suspects:  # a setting every crash shared and no ok trial had: treat as a failure
+            has = np.array([any(c.get(k) == v for k, v in suspects) for c in self.pool])
+            p_fit = np.where(has, p_fit * SUSPECT_FIT, p_fit)
         acq = np.where(free, np.where(free, ei, 0.0) * p_fit, -np.inf)
         safe = free & (fit.p_oom <= self.max_oom_risk)
         if not safe.any():
@@ -475,6 +485,22 @@ class SearchEngine:
                              getattr(self, "_memory_model", None))
         self.revisions = [r.to_dict() for r in revs]
 
+    def _suspect_settings(self, records: Sequence[TrialRecord]) -> set[tuple[str, Any]]:
+        """Non-baseline knob settings shared by every errored trial (two or more) and by no ok
+        trial: the likely cause of the crashes (a patch that breaks under bf16, a compile mode
+        this stack cannot compile), so the search steers around them instead of giving up."""
+        errs = [r for r in records if r.status is TrialStatus.ERROR]
+        if len(errs) < 2:
+            return set()
+        base = self.baseline or self.space.defaults()
+        common: set[tuple[str, Any]] | None = None
+        for r in errs:
+            c = self.space.normalize(r.config, check=False)
+            mine = {(k, v) for k, v in c.items() if v != base.get(k)}
+            common = mine if common is None else common & mine
+        seen_ok = {(k, v) for r in records if r.ok for k, v in r.config.items()}
+        return (common or set()) - seen_ok
+
     def _check_stop(self) -> None:
         own = self.records
         if len(self.lightest_probes) == LIGHTEST_PROBES and not any(r.ok for r in own):
@@ -492,7 +518,9 @@ class SearchEngine:
                     "space (activation checkpointing, sharded optimizer state, more devices for "
                     "tensor/pipeline parallelism) or a smaller micro-batch range.")
                 return
-        if len(own) >= 3 and all(r.status is TrialStatus.ERROR for r in own):
+        all_failed = len(own) >= 3 and all(r.status is TrialStatus.ERROR for r in own)
+        # crashes that share a setting are that setting's fault: steer around it first
+        if all_failed and (len(own) >= 6 or not self._suspect_settings(own)):
             kinds = sorted({r.error_kind.value for r in own if r.error_kind})
             self.stop_reason = (
                 f"the first {len(own)} trials all failed ({', '.join(kinds)}): the workload looks "
