@@ -166,7 +166,7 @@ class _FakeBackend:
     def baseline_config(self):
         return dict(self._records[0]["config"])
 
-    def execute(self, config, *, trial_id=None):
+    def execute(self, config, *, trial_id=None, stop_slower_than_s=None):
         from infrarsi.trial import TrialRecord
 
         d = dict(self._records[min(self.calls, len(self._records) - 1)])

@@ -62,6 +62,36 @@ def test_result_contract():
     assert not [m for m in sys.modules if m.startswith("_infrarsi_ws_")]
 
 
+def test_a_clearly_slow_trial_stops_early_with_its_loss_still_checked():
+    spec = tiny_spec(measured_steps=6)
+    body = payload(spec, num_workers=1)
+    full = train_worker(body)
+    slow = train_worker({**body, "stop_slower_than_s": 1e-9})  # every step is slower than 1 ns
+    fast = train_worker({**body, "stop_slower_than_s": 1e9})
+    assert len(full["step_times_s"]) == 6 and "stopped_early" not in full
+    assert slow["stopped_early"] == {"measured_steps": 2, "slower_than_s": 1e-9}
+    assert len(slow["step_times_s"]) == 2
+    assert len(slow["loss_trace"]) >= spec.loss_reference.steps  # the contract can still check
+    assert slow["loss_trace"][:3] == full["loss_trace"][:3]
+    # not stopped: all measured steps, and the decision itself is on no step's clock
+    assert len(fast["step_times_s"]) == 6 and "stopped_early" not in fast
+
+
+def test_the_clock_keeps_harness_work_between_steps_off_every_step():
+    from infrarsi.harness.clock import StepClock
+
+    clock = StepClock(torch.device("cpu"))
+    clock.mark()
+    clock.mark()
+    import time
+
+    time.sleep(0.05)  # harness work: no step's
+    clock.restart()
+    clock.mark()
+    d = clock.durations()
+    assert len(d) == 2 and max(d) < 0.05
+
+
 def test_loss_trace_reproduces_at_fixed_seed_and_falls():
     spec = tiny_spec(measured_steps=4)
     a, b = run(spec), run(spec)

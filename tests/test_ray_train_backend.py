@@ -28,6 +28,17 @@ def test_two_worker_trial_measures_step_time_memory_and_loss(tmp_path, ray_local
     assert rec.device_seconds == pytest.approx(2 * rec.wall_seconds)
 
 
+def test_a_clearly_slow_two_worker_trial_stops_early_and_still_passes_the_loss_check(
+        tmp_path, ray_local):
+    contract, _, baseline = init_task(copy_task(tmp_path))
+    backend = RayTrainBackend(contract.spec(), contract=contract)
+    config = {**backend.baseline_config(), "num_workers": 2}
+    rec = backend.execute(config, stop_slower_than_s=baseline.step_time_s / 100)
+    assert rec.ok, rec.error_message  # the loss reference ran and matched: not rejected
+    assert rec.extra["stopped_early"]["measured_steps"] == len(rec.step_times_s) == 2
+    assert len(rec.step_times_s) < contract.spec().timing.measured_steps
+
+
 def test_setting_above_capacity_is_an_oom_censored_at_capacity(tmp_path, ray_local):
     spec = load_task(copy_task(tmp_path, **{"hardware.memory_capacity_gib": 0.02}))
     backend = RayTrainBackend(spec)

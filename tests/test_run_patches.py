@@ -49,7 +49,7 @@ class FakeBackend(Backend):
     workload = property(lambda self: WL)
     hardware = property(lambda self: HW)
 
-    def execute(self, config, *, trial_id=None) -> TrialRecord:
+    def execute(self, config, *, trial_id=None, stop_slower_than_s=None) -> TrialRecord:
         config = self._space.normalize(config)  # a patch knob here would be refused
         self.calls.append((dict(config), self.workspace))
         return TrialRecord(trial_id=trial_id or "t", config=config, status=TrialStatus.OK,

@@ -119,7 +119,7 @@ def test_a_broken_workload_stops_the_search_early_with_the_reason():
 class _CrashesOnBf16(ToyBackend):
     """A verified patch that breaks under bf16 autocast, in miniature."""
 
-    def execute(self, config, *, trial_id=None):
+    def execute(self, config, *, trial_id=None, stop_slower_than_s=None):
         if config.get("precision") == "bf16":
             c = self.space.normalize(config)
             return TrialRecord(trial_id=trial_id or "x", config=c, backend=self.name,
@@ -142,6 +142,39 @@ def test_crashes_that_share_a_setting_steer_the_search_around_it_instead_of_stop
     recs = [rec for _, rec in _drive(eng, b, 6)]
     assert recs and all(r.config["precision"] == "fp32" for r in recs)
     assert any(r.ok for r in recs)
+
+
+def test_trials_clearly_slower_than_the_best_are_told_to_stop_early_but_never_the_baseline():
+    b = ToyBackend(noise=0.02)
+    eng = _engine(b, budget=10, baseline=b.baseline_config(), include_baseline=True)
+    first = eng.suggest("t0")
+    assert first.stop_slower_than_s is None  # nothing measured yet: no outcome is certain
+    runs = _drive(eng, b, 10)
+    best_step = min(r.step_time_s for _, r in runs if r.ok)
+    for sug, _rec in runs:
+        if config_key(sug.config) == config_key(b.baseline_config()):
+            assert sug.stop_slower_than_s is None  # the reference is measured in full
+    hinted = [sug for sug, _ in runs if sug.stop_slower_than_s]
+    assert hinted and all(h.stop_slower_than_s >= 1.5 * best_step for h in hinted)
+    stopped = [rec for _, rec in runs if rec.extra.get("stopped_early")]
+    assert all(rec.ok and len(rec.step_times_s) == 2 for rec in stopped)
+    assert eng.best()[0].extra.get("stopped_early") is None
+
+
+def test_the_searcher_passes_the_early_stop_hint_only_when_asked():
+    from infrarsi.search.searcher import STOP_HINT_KEY, split_stop_hint
+
+    b = ToyBackend()
+    plain, hinted = (InfraRSISearcher(_engine(b, budget=6), early_stop=e) for e in (False, True))
+    for s in (plain, hinted):
+        cfg = s.suggest("a")
+        s.on_trial_complete("a", {"record": b.execute(cfg, trial_id="a").to_dict()})
+    assert STOP_HINT_KEY not in plain.suggest("b")
+    cfg = hinted.suggest("b")
+    assert cfg[STOP_HINT_KEY] > 0
+    knobs, hint = split_stop_hint(cfg)
+    assert STOP_HINT_KEY not in knobs and hint == cfg[STOP_HINT_KEY]
+    b.execute(knobs, stop_slower_than_s=hint)  # the knob config is a legal config again
 
 
 def test_paired_speedup_interval():

@@ -97,6 +97,18 @@ def test_illegal_configs_are_refused_naming_the_field(dense):
         SimulatorBackend.builtin("nope")
 
 
+def test_a_clearly_slow_simulated_trial_stops_early_like_the_harness():
+    dense = SimulatorBackend.builtin(SimulatorBackend.builtin_names()[0], seed=1)
+    base = dense.baseline_config()
+    full = dense.execute(base)
+    assert full.ok and "stopped_early" not in full.extra
+    short = dense.execute(base, stop_slower_than_s=full.step_time_s / 10)
+    assert short.ok and len(short.step_times_s) == 2 and short.extra["stopped_early"]
+    assert short.device_seconds < full.device_seconds
+    kept = dense.execute(base, stop_slower_than_s=full.step_time_s * 10)
+    assert len(kept.step_times_s) == len(full.step_times_s)
+
+
 def test_noise_is_seeded_and_reproducible():
     cfg = {"zero_stage": 3, "micro_batch_size": 1}
     a, b, c = (SimulatorBackend(DENSE, seed=s) for s in (7, 7, 8))

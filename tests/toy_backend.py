@@ -74,7 +74,8 @@ class ToyBackend(Backend):
         return max(self.throughput(c) for c in self._space.enumerate()
                    if self.memory(c) <= CAPACITY)
 
-    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None) -> TrialRecord:
+    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None,
+                stop_slower_than_s: float | None = None) -> TrialRecord:
         c = self._space.normalize(config)
         self.calls += 1
         common = dict(trial_id=trial_id or f"toy{self.calls}", config=c, backend=self.name,
@@ -88,5 +89,9 @@ class ToyBackend(Backend):
         tok_s = self.throughput(c) * (1 + self.rng.gauss(0, self.noise))
         step = self._wl.tokens_per_step / tok_s
         steps = [step * (1 + self.rng.gauss(0, self.noise)) for _ in range(5)]
+        if stop_slower_than_s and min(steps[:2]) > stop_slower_than_s:  # as the harness does
+            steps = steps[:2]
+            common["extra"] = {"stopped_early": {"measured_steps": 2,
+                                                 "slower_than_s": stop_slower_than_s}}
         return TrialRecord(status=TrialStatus.OK, step_times_s=steps,
                            peak_memory_bytes=(int(self.memory(c)),), **common)

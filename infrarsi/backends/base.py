@@ -43,8 +43,15 @@ class Backend(abc.ABC):
     def hardware(self) -> HardwareFingerprint: ...
 
     @abc.abstractmethod
-    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None) -> TrialRecord:
-        """Run (or replay, or simulate) one trial of ``config``."""
+    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None,
+                stop_slower_than_s: float | None = None) -> TrialRecord:
+        """Run (or replay, or simulate) one trial of ``config``.
+
+        ``stop_slower_than_s`` is the searcher's hint that a trial whose measured steps are all
+        slower than this has a certain outcome: a backend that can end it sooner does (its
+        record says so in ``extra["stopped_early"]``), one that cannot ignores the hint. A
+        stopped trial is still a valid, loss-checked measurement of its config.
+        """
 
     def baseline_config(self) -> Config:
         """The config the user runs today; speedups are measured against it."""

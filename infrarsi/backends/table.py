@@ -159,7 +159,9 @@ class TableBackend(Backend):
         """Reset the generator that picks among duplicate rows."""
         self._rng = random.Random(seed)
 
-    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None) -> TrialRecord:
+    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None,
+                stop_slower_than_s: float | None = None) -> TrialRecord:
+        """Replay a measured row (``stop_slower_than_s`` is ignored: the row ran to its end)."""
         config = self.space.normalize(config)  # raises IllegalConfigError if never measured
         rows = self._by_key[config_key(config)]
         row = rows[self._rng.randrange(len(rows))] if len(rows) > 1 else rows[0]

@@ -18,6 +18,7 @@ class StepClock:
         self.device = device
         self.marks: list[float] = []
         self.wall_marks: list[float] = []
+        self._gaps: set[int] = set()  # indices of marks that start a new interval
 
     def mark(self) -> float:
         if self.device.type == "cuda":
@@ -31,5 +32,12 @@ class StepClock:
         self.wall_marks.append(time.time())
         return t
 
+    def restart(self) -> float:
+        """Mark a new start: the time since the last mark belongs to no step (harness work
+        between steps, such as the early-stop decision, is kept off every step's clock)."""
+        self._gaps.add(len(self.marks))
+        return self.mark()
+
     def durations(self) -> list[float]:
-        return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        return [b - a for i, (a, b) in enumerate(zip(self.marks, self.marks[1:], strict=False))
+                if i + 1 not in self._gaps]

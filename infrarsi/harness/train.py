@@ -24,6 +24,7 @@ from infrarsi.harness.loss import training_loss
 from infrarsi.harness.memory import CpuMemoryMeter, raise_if_over_capacity
 from infrarsi.harness.profile import memory_breakdown, no_phase, profile_step
 from infrarsi.harness.stats import count_stats, shape_dict
+from infrarsi.trial import EARLY_STOP_CHECK_STEPS
 from infrarsi.workloads.knobs import derived
 
 
@@ -129,7 +130,14 @@ def train_worker(payload: dict[str, Any]) -> dict[str, Any]:
     Returns ``rank``, ``world_size``, ``step_times_s`` (measured steps; barrier-synchronized),
     ``loss_trace`` (global mean loss of every step), ``peak_memory_bytes`` (this rank),
     ``phase_times_s``, ``tokens_per_step``, ``t_first_measured_step`` (``time.time()``),
-    ``num_params``, ``flops_per_token``.
+    ``num_params``, ``flops_per_token``; ``stopped_early`` when the trial ended its measurement
+    early.
+
+    ``stop_slower_than_s`` (optional, from the searcher): after ``EARLY_STOP_CHECK_STEPS`` measured
+    steps, with the loss reference complete, a trial whose every measured step took longer than
+    this stops measuring (``stopped_early`` says when and why): its outcome is certain, the
+    rest of its steps would only spend device time. The harness still owns the clock, the
+    loss check and the work: the hint can only end a trial sooner, never change what it measures.
 
     Raises ``torch.OutOfMemoryError`` (real on CUDA, emulated on CPU: the message never gives
     the true peak), ``CompileFailure`` when torch.compile fails, ``IllegalConfigError`` when
@@ -153,6 +161,8 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
     timing, ref = spec.timing, spec.loss_reference
     total_steps = max(timing.warmup_steps + timing.measured_steps, ref.steps)
 
+    slow_s = payload.get("stop_slower_than_s")
+    stopped: dict[str, Any] | None = None
     meter = CpuMemoryMeter() if device.type == "cpu" else None
     run = _Run(spec, config, device)
     losses: list[torch.Tensor] = []
@@ -175,6 +185,14 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
                 losses.append(run.step(s))
                 if s < timing.warmup_steps + timing.measured_steps:
                     clock.mark()
+                    if (slow_s and len(clock.marks) - 1 == EARLY_STOP_CHECK_STEPS
+                            and len(losses) >= ref.steps
+                            and s + 1 < timing.warmup_steps + timing.measured_steps):
+                        if _clearly_slower(clock.durations(), slow_s, world, device):
+                            stopped = {"measured_steps": EARLY_STOP_CHECK_STEPS,
+                                       "slower_than_s": slow_s}
+                            break
+                        clock.restart()  # the decision's collective is on no step's clock
         except Exception as e:
             if config["compile"] != "off" and mech.is_compile_error(e):
                 raise mech.CompileFailure(
@@ -204,7 +222,22 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
         "num_params": int(stats["num_params"]),
         "flops_per_token": float(stats["flops_per_token"]),
         **extra,  # "phase_times_s" and "profile" of the profiled step, when asked for
+        **({"stopped_early": stopped} if stopped else {}),
     }
+
+
+def _clearly_slower(durations: list[float], slow_s: float, world: int,
+                    device: torch.device) -> bool:
+    """True on every rank when rank 0's fastest measured step so far is above ``slow_s``.
+
+    The fastest step, not the median: a stray slow step must not end a trial. Rank 0 decides
+    and broadcasts, so all ranks stop together (each rank's clock differs by microseconds; a
+    tie decided differently would leave one rank alone in a collective).
+    """
+    flag = torch.tensor([1 if min(durations) > slow_s else 0], device=device)
+    if world > 1:
+        dist.broadcast(flag, src=0)
+    return bool(flag.item())
 
 
 def _profile(run: _Run, index: int, device: torch.device, peak: int, world: int) -> dict[str, Any]:

@@ -106,12 +106,13 @@ class PatchedBackend(Backend):
         self._backends.clear()
         self.inner.close()
 
-    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None) -> TrialRecord:
+    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None,
+                stop_slower_than_s: float | None = None) -> TrialRecord:
         config = self._space.normalize(config)  # IllegalConfigError: conflicting patches never run
         on = enabled_patches(config, self.patches)
         launch = launch_part(config)
         if not on:
-            rec = self.inner.execute(launch, trial_id=trial_id)
+            rec = self.inner.execute(launch, trial_id=trial_id, stop_slower_than_s=stop_slower_than_s)
             return replace(rec, config=config, extra={**rec.extra, "patches": []})
         ids = [p.id for p in on]
         t0 = time.time()
@@ -127,7 +128,7 @@ class PatchedBackend(Backend):
         backend = self._backends.get(str(ws))
         if backend is None:
             backend = self._backends[str(ws)] = self.factory(ws)
-        rec = backend.execute(launch, trial_id=trial_id)
+        rec = backend.execute(launch, trial_id=trial_id, stop_slower_than_s=stop_slower_than_s)
         return replace(rec, config=config, extra={**rec.extra, "patches": ids, "workspace": str(ws)})
 
     def _failed(self, config: Config, trial_id: str | None, t0: float, status: TrialStatus,

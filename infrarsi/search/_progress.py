@@ -25,6 +25,8 @@ class Progress:
 
     def row(self, n: int, r: TrialRecord, origin: str, live: dict[str, Any] | None) -> None:
         status = r.status.value + (f":{r.error_kind.value}" if r.error_kind else "")
+        if r.extra.get("stopped_early"):
+            status += " (stopped:slow)"
         step = f"{r.step_time_s * 1e3:8.1f}ms" if r.step_time_s else f"{'-':>9}"
         if r.ok and r.step_time_s and (self.best_step_s is None or r.step_time_s < self.best_step_s):
             self.best_step_s = r.step_time_s

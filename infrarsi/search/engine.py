@@ -96,12 +96,17 @@ class Suggestion:
     origin: str
     predicted: dict[str, float] = field(default_factory=dict)
     pairing: dict[str, Any] | None = None
+    # the trial may stop once its measured steps are all slower than this (see Backend.execute)
+    stop_slower_than_s: float | None = None
 
 
 # Own trials fit the difference from experience: a step-time residual whose slopes have this
 # prior std (log units: about a 35% effect per feature unit), and memory slopes that may move a
 # few posterior std from experience's (plus a floor, for slopes experience pinned too tightly).
 TRANSFER_TIME_STD = 0.3
+# A trial whose measured steps are all this much slower than the fastest ok trial's median is
+# stopped early: far beyond any noise floor doctor measures, its outcome is certain.
+SLOW_STOP_FACTOR = 1.5
 
 # After two OOMs and nothing that fit, the lightest configs are run before anything else; when
 # this many of them run out of memory too, the search stops (one could be a fluke of a noisy
@@ -258,9 +263,16 @@ class SearchEngine:
             sug = self._acquire(free)
             if sug is None:
                 return None
+        if self.baseline is None or config_key(sug.config) != config_key(self.baseline):
+            sug.stop_slower_than_s = self.slow_stop_s()  # the reference is measured in full
         self.n_suggested += 1
         self.pending[trial_id or f"s{self.n_suggested}"] = sug.config
         return sug
+
+    def slow_stop_s(self) -> float | None:
+        """The step time past which a new trial's outcome is certain, or None before any ok."""
+        steps = [r.step_time_s for r in self.records if r.ok and r.step_time_s]
+        return SLOW_STOP_FACTOR * min(steps) if steps else None
 
     def _fit(self, records: Sequence[TrialRecord]) -> _Fit:
         """Models of this search's own trials, centred on what experience already says.

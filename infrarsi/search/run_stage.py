@@ -29,7 +29,7 @@ from infrarsi.search._patch_stage import prepare_patches, promoted_patches
 from infrarsi.search._progress import Progress
 from infrarsi.search._session import RunSession
 from infrarsi.search.engine import SearchEngine
-from infrarsi.search.searcher import InfraRSISearcher
+from infrarsi.search.searcher import InfraRSISearcher, split_stop_hint
 from infrarsi.search.verify import DEFAULT_MDE, Verdict, verify_candidate
 from infrarsi.space import config_key
 from infrarsi.trial import TrialRecord
@@ -84,7 +84,8 @@ def _trainable(config: dict[str, Any], *, spec_dict: dict[str, Any], run_dir: st
         backend = PatchedBackend.ray_train(backend, [Patch.from_dict(p) for p in patches],
                                            conflicts=[tuple(c) for c in conflicts or ()])
     trial_id = tune.get_context().get_trial_id()
-    record = backend.execute(config, trial_id=trial_id)
+    config, stop_slower_than_s = split_stop_hint(config)
+    record = backend.execute(config, trial_id=trial_id, stop_slower_than_s=stop_slower_than_s)
     tune.report({"objective": backend.objective(record) or 0.0, "record": record.to_dict(),
                  "status": record.status.value, "device_seconds": record.device_seconds})
 
@@ -161,7 +162,7 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         session.save_state(engine.state_dict())
 
     searcher = InfraRSISearcher(engine, state_path=state_path, on_record=on_record,
-                                on_suggest=session.open_trial)
+                                on_suggest=session.open_trial, early_stop=True)
     trainable = tune.with_parameters(_trainable, spec_dict=session.spec.to_dict(),
                                      run_dir=str(session.run_dir), local_mode=session.local_mode,
                                      patches=[p.to_dict() for p in session.patches],

@@ -24,6 +24,15 @@ from infrarsi.space import Config
 from infrarsi.trial import ErrorKind, TrialRecord, TrialStatus
 
 RECORD_KEY = "record"
+# With ``early_stop=True`` a suggested config carries the engine's early-stop hint under this
+# key; a trainable takes it out with :func:`split_stop_hint` before running the config.
+STOP_HINT_KEY = "_infrarsi_stop_slower_than_s"
+
+
+def split_stop_hint(config: dict[str, Any]) -> tuple[dict[str, Any], float | None]:
+    """``(config without the hint, stop_slower_than_s or None)`` for ``Backend.execute``."""
+    config = dict(config)
+    return config, config.pop(STOP_HINT_KEY, None)
 
 
 def record_from_result(result: dict[str, Any] | None) -> TrialRecord | None:
@@ -62,12 +71,16 @@ class InfraRSISearcher(Searcher):
     every finished trial: the run stage writes the bank row and the progress line there.
     ``state_path`` (optional) is rewritten atomically after every trial, so a killed driver
     can resume from it.
+    ``early_stop=True`` adds the engine's early-stop hint to each suggested config (under
+    ``STOP_HINT_KEY``; the trainable passes it on, see :func:`split_stop_hint`), so a trial
+    clearly slower than the best so far stops after a few measured steps.
     """
 
     def __init__(self, engine: SearchEngine, *, metric: str = "objective", mode: str = "max",
                  state_path: str | os.PathLike | None = None, on_record=None,
-                 on_suggest=None) -> None:
+                 on_suggest=None, early_stop: bool = False) -> None:
         super().__init__(metric=metric, mode=mode)
+        self.early_stop = early_stop
         self.engine = engine
         self.state_path = Path(state_path) if state_path else None
         self.on_record = on_record
@@ -90,6 +103,8 @@ class InfraRSISearcher(Searcher):
                                 "predicted": sug.predicted, "pairing": sug.pairing}
         if self.on_suggest is not None:
             self.on_suggest(trial_id, sug.config, sug.origin)
+        if self.early_stop and sug.stop_slower_than_s:
+            return {**sug.config, STOP_HINT_KEY: sug.stop_slower_than_s}
         return dict(sug.config)
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from infrarsi.trial._context import HardwareFingerprint, SoftwareVersions, WorkloadSignature
-from infrarsi.trial._record import ErrorKind, TrialRecord, TrialStatus
+from infrarsi.trial._record import EARLY_STOP_CHECK_STEPS, ErrorKind, TrialRecord, TrialStatus
 
 __all__ = [
+    "EARLY_STOP_CHECK_STEPS",
     "ErrorKind",
     "HardwareFingerprint",
     "SoftwareVersions",

@@ -11,6 +11,11 @@ from typing import Any
 from infrarsi.trial._context import HardwareFingerprint, WorkloadSignature
 
 
+# A trial told to stop once clearly slower (``stop_slower_than_s``) decides once, after this
+# many measured steps: its record then says ``extra["stopped_early"]``.
+EARLY_STOP_CHECK_STEPS = 2
+
+
 class TrialStatus(str, enum.Enum):
     """How a trial ended.
 

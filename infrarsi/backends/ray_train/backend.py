@@ -131,11 +131,12 @@ class RayTrainBackend(Backend):
             **({"profile": True} if self.profile else {}),
         }
 
-    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None) -> TrialRecord:
+    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None,
+                stop_slower_than_s: float | None = None) -> TrialRecord:
         config = self._space.normalize(config)  # raises IllegalConfigError: never reaches Ray
         trial_id = trial_id or uuid.uuid4().hex[:8]
         devices = 1 if self.local_mode else config["num_workers"]
-        outcome = self._launch(config)
+        outcome = self._launch(config, stop_slower_than_s)
         wall = outcome["t_end"] - outcome["t_submit"]
         common = {
             "trial_id": trial_id,
@@ -162,7 +163,8 @@ class RayTrainBackend(Backend):
     def _ok_record(self, outcome: dict[str, Any], config: dict[str, Any],
                    common: dict[str, Any]) -> TrialRecord:
         value = outcome["value"] or {}
-        extra = {k: value[k] for k in ("num_params", "flops_per_token", "profile") if k in value}
+        extra = {k: value[k] for k in ("num_params", "flops_per_token", "profile", "stopped_early")
+                 if k in value}
         status, kind, message = TrialStatus.OK, None, ""
         if self.contract is not None:
             problem = self.contract.check_work(value.get("tokens_per_step"))
@@ -183,8 +185,10 @@ class RayTrainBackend(Backend):
             **{**common, "tokens_per_step": value.get("tokens_per_step", common["tokens_per_step"])},
         )
 
-    def _launch(self, config: dict[str, Any]) -> dict[str, Any]:
+    def _launch(self, config: dict[str, Any], stop_slower_than_s: float | None) -> dict[str, Any]:
         payload = self.payload(config)
+        if stop_slower_than_s:
+            payload["stop_slower_than_s"] = float(stop_slower_than_s)
         cuda = self.spec.hardware.device == "cuda"
         backend = "nccl" if cuda else "gloo"
         timeout = float(self.spec.trial.timeout_s)

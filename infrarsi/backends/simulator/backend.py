@@ -29,6 +29,7 @@ from infrarsi.backends.simulator.workloads import BUILTIN_WORKLOADS, SimWorkload
 from infrarsi.errors import IllegalConfigError
 from infrarsi.space import Config, config_key
 from infrarsi.trial import (
+    EARLY_STOP_CHECK_STEPS,
     ErrorKind,
     HardwareFingerprint,
     TrialRecord,
@@ -151,7 +152,8 @@ class SimulatorBackend(Backend):
         return SimOutcome(TrialStatus.OK, None, "", phases["total"], phases, peaks, cap,
                           plan.grad_acc)
 
-    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None) -> TrialRecord:
+    def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None,
+                stop_slower_than_s: float | None = None) -> TrialRecord:
         c = self.check_config(config)
         out = self.simulate(c)
         key = config_key(c)
@@ -177,6 +179,11 @@ class SimulatorBackend(Backend):
                                wall_seconds=wall, **common)
         trial_factor = rng.lognormal(0.0, p.noise_trial_cv)
         steps = out.step_time_s * trial_factor * rng.lognormal(0.0, p.noise_step_cv, p.measured_steps)
+        check = EARLY_STOP_CHECK_STEPS  # the harness's early stop, simulated the same way
+        if stop_slower_than_s and len(steps) > check and steps[:check].min() > stop_slower_than_s:
+            steps = steps[:check]
+            common["extra"]["stopped_early"] = {"measured_steps": check,
+                                                "slower_than_s": float(stop_slower_than_s)}
         wall = startup + out.step_time_s * trial_factor * p.warmup_steps + float(steps.sum())
         phases = {k: v * trial_factor for k, v in out.phases.items() if k != "total"}
         common["extra"]["mfu"] = self._mfu(float(np.median(steps)))
