@@ -8,7 +8,10 @@ wall time. The first trial of a fresh Ray instance pays process start-up that la
 reuse less of, so it is shown separately from the median of the rest.
 
     .venv/bin/python scripts/bench_trial.py [--tasks cpu_dense,cpu_moe] [--repeats 3]
-        [--set compile=default --set micro_batch_size=2]
+        [--set compile=default --set micro_batch_size=2] [--early-stop]
+
+``--early-stop`` runs each trial twice, interleaved: to its end, and told it is clearly slow
+(a 1 us hint: it stops after the harness's check), and prints the wall time the stop saves.
 
 Peak memory against micro-batch size: ``scripts/bench_memory.py``.
 """
@@ -40,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="trials per task (>= 2)")
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                     help="a knob for every trial (repeatable; default: the baseline)")
+    ap.add_argument("--early-stop", action="store_true",
+                    help="also run each trial with a stop hint it cannot meet; compare walls")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -50,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
              logging_level="ERROR")
-    rows = []
+    rows, stops = [], []
     try:
         for name in args.tasks.split(","):
             spec = load_task(ROOT / "configs" / "tasks" / f"{name}.yaml")
@@ -62,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append((name, i, rec.status.value, rec.startup_seconds, step,
                              rec.wall_seconds))
                 print(f"  {name} #{i}: {rec.summary()}", flush=True)
+                if args.early_stop:
+                    short = backend.execute(config, stop_slower_than_s=1e-6)
+                    stops.append((name, rec.wall_seconds, short.wall_seconds,
+                                  len(rec.step_times_s), len(short.step_times_s)))
+                    print(f"  {name} #{i} told to stop: {short.summary()}", flush=True)
             backend.close()
     finally:
         ray.shutdown()
@@ -80,6 +90,14 @@ def main(argv: list[str] | None = None) -> int:
             step = statistics.median(r[4] for r in later)
             print(f"  {name}: after the first trial, median overhead {over:.1f}s = "
                   f"{over / step:.0f} steps of {step * 1e3:.1f} ms")
+    for name in args.tasks.split(","):
+        pairs = [r for r in stops if r[0] == name]
+        if pairs:
+            full = statistics.median(r[1] for r in pairs)
+            short = statistics.median(r[2] for r in pairs)
+            print(f"  {name}: early stop after {pairs[0][4]} of {pairs[0][3]} measured steps: "
+                  f"median wall {short:.1f}s vs {full:.1f}s to the end "
+                  f"(saves {1 - short / full:.0%} of a trial)")
     return 0
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from toy_backend import CAPACITY, ToyBackend
 
+from infrarsi.models.priors import KnobPrior
 from infrarsi.search import InfraRSISearcher, SearchEngine
 from infrarsi.search.verify import paired_speedup, verify_candidate
 from infrarsi.space import config_key
@@ -177,6 +178,37 @@ def test_the_searcher_passes_the_early_stop_hint_only_when_asked():
     b.execute(knobs, stop_slower_than_s=hint)  # the knob config is a legal config again
 
 
+_TOY_PRIORS = [  # what a proposer would say of the toy's knobs (time and memory, log scale)
+    KnobPrior("micro_batch_size", 16, log_time_effect=-0.4, log_mem_effect=2.0),
+    KnobPrior("precision", "bf16", log_time_effect=-0.3, log_mem_effect=-0.3),
+    KnobPrior("activation_checkpointing", "full", log_time_effect=0.2, log_mem_effect=-0.7),
+]
+
+
+def test_seeds_after_the_baseline_are_planned_from_its_measured_peak():
+    b = ToyBackend()
+    eng = _engine(b, budget=12, baseline=b.baseline_config(), include_baseline=True,
+                  priors=_TOY_PRIORS)
+    first = eng.suggest("t0")
+    assert first.origin == "seed:baseline" and not eng.seeds_planned
+    eng.observe(b.execute(first.config, trial_id="t0"), first.origin, trial_id="t0")
+    seeds = [eng.suggest(f"t{i}") for i in (1, 2)]
+    assert eng.seeds_planned and all(s.origin == "seed:priors" for s in seeds)
+    # anchored by the baseline's peak, the seeds carry a memory prediction and fit
+    assert all("peak_memory_bytes" in s.predicted for s in seeds)
+    assert all(b.memory(s.config) <= CAPACITY for s in seeds)
+
+
+def test_run_beside_the_baseline_the_seeds_are_planned_at_once():
+    b = ToyBackend()
+    eng = _engine(b, budget=12, baseline=b.baseline_config(), include_baseline=True,
+                  priors=_TOY_PRIORS)
+    assert eng.suggest("t0").origin == "seed:baseline"
+    second = eng.suggest("t1")  # the baseline is still running
+    assert second.origin == "seed:priors" and eng.seeds_planned
+    assert config_key(second.config) != config_key(b.baseline_config())
+
+
 def test_paired_speedup_interval():
     s, lo, hi = paired_speedup([2.0, 2.2, 1.9], [1.0, 1.0, 1.0])
     assert s == pytest.approx((2.0 * 2.2 * 1.9) ** (1 / 3)) and lo < s < hi
@@ -242,3 +274,27 @@ def test_searcher_inside_a_users_own_tuner(ray_local, tmp_path):
     assert len(results) == 5
     assert len(searcher.engine.observations) == 5
     assert len({config_key(r.config) for r in searcher.engine.records}) == 5
+
+
+def test_the_users_own_tuner_example_runs(tmp_path):
+    """scripts/example_tuner.py, as a user runs it (its own Ray, a simulated cluster)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "example_tuner.py"
+    out = subprocess.run([sys.executable, str(script), "--budget", "5"], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "seed:baseline" in out.stdout and "best:" in out.stdout
+
+
+def test_the_oom_risk_a_trial_may_carry_shrinks_as_the_budget_is_spent():
+    b = ToyBackend()
+    eng = _engine(b, budget=10, max_oom_risk=0.3, final_oom_risk=0.1)
+    caps = []
+    for rec in (b.execute(b.baseline_config(), trial_id=f"r{i}") for i in range(11)):
+        caps.append(eng.oom_risk_cap())
+        eng.observe(rec, "seed")
+    assert caps[0] == pytest.approx(0.3) and caps[10] == pytest.approx(0.1)
+    assert all(a >= c for a, c in zip(caps, caps[1:], strict=False))

@@ -17,5 +17,8 @@ def make_infrarsi(space, backend, budget, seed, experience=None):
     priors = ExpertProposer().priors({"space": space, "hardware": backend.hardware})
     engine = SearchEngine(space, backend.workload, backend.hardware, budget=budget, seed=seed,
                           experience=experience or (), objective=backend.objective,
-                          baseline=backend.baseline_config(), priors=priors)
+                          baseline=backend.baseline_config(), priors=priors,
+                          # cold, the baseline is the first seed (as `infrarsi run` without a
+                          # doctor baseline): its peak anchors the memory model's priors
+                          include_baseline=not experience)
     return InfraRSISearcher(engine, metric=METRIC, mode="max")

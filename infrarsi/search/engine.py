@@ -178,7 +178,8 @@ class SearchEngine:
     Parameters: ``experience`` are records from other runs (other workloads or hardware;
     never the workload searched in a leave-one-out benchmark); ``priors`` are proposer priors
     per knob setting; ``objective`` maps a record to the number maximized (default tokens/s);
-    ``max_oom_risk`` is the largest predicted P(OOM) the engine spends a trial on;
+    ``max_oom_risk`` is the largest predicted P(OOM) the engine spends a trial on, shrinking to
+    ``final_oom_risk`` as the budget is spent (see :meth:`oom_risk_cap`);
     ``include_baseline`` puts the backend's baseline among the seeds.
     """
 
@@ -186,7 +187,8 @@ class SearchEngine:
                  hardware: HardwareFingerprint, *, budget: int, seed: int = 0,
                  experience: Sequence[TrialRecord] = (), priors: Sequence[KnobPrior] = (),
                  objective: Objective | None = None, n_init: int | None = None,
-                 max_oom_risk: float = 0.3, baseline: Config | None = None,
+                 max_oom_risk: float = 0.3, final_oom_risk: float = 0.1,
+                 baseline: Config | None = None,
                  include_baseline: bool = False, pool_size: int = 5_000,
                  max_experience: int = 400) -> None:
         self.space = space
@@ -199,6 +201,7 @@ class SearchEngine:
         self.priors = list(priors)
         self.objective = objective or default_objective
         self.max_oom_risk = max_oom_risk
+        self.final_oom_risk = min(final_oom_risk, max_oom_risk)
         self.baseline = space.normalize(baseline, check=False) if baseline else None
         self.include_baseline = include_baseline
         informed = bool(self.experience or self.priors)
@@ -211,6 +214,7 @@ class SearchEngine:
         self.observations: list[dict[str, Any]] = []  # {"record": dict, "origin": str}
         self.pending: dict[str, Config] = {}
         self.seed_plan: list[dict[str, Any]] = []
+        self.seeds_planned = False
         self.pairings: list[dict[str, Any]] = []
         self.revisions: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
@@ -250,8 +254,7 @@ class SearchEngine:
         if not free.any():
             self.stop_reason = "every candidate config has been measured"
             return None
-        if not self.seed_plan:
-            self.seed_plan = self._plan_seeds()
+        self._plan_seeds()
         suspects = self._suspect_settings(self.records)
         seeds = [s for s in self.seed_plan if config_key(s["config"]) not in taken
                  and not any(s["config"].get(k) == v for k, v in suspects)]
@@ -362,18 +365,32 @@ class SearchEngine:
             self._exp_fit = fit
         return self._exp_fit
 
-    def _plan_seeds(self) -> list[dict[str, Any]]:
-        plan: list[dict[str, Any]] = []
-        if self.include_baseline and self.baseline and config_key(self.baseline) in self._pool_keys:
+    def _plan_seeds(self) -> None:
+        """Plan the seeds once: the baseline first (when asked for), then the others.
+
+        Run one at a time, the others are planned after the baseline's result: its measured
+        step time and peak anchor the prior-only models (without it a cold start cannot tell a
+        config that fits from one that does not, and the priors favour the memory-hungry ones).
+        """
+        if self.seeds_planned:
+            return
+        plan = self.seed_plan
+        if (not plan and self.include_baseline and self.baseline
+                and config_key(self.baseline) in self._pool_keys):
             plan.append({"config": self.baseline, "source": "baseline"})
+            if not self.observations:
+                return  # the rest after the baseline's result (or at once, if one runs beside it)
+        self.seeds_planned = True
         k = self.n_init - len(plan)
         if k <= 0:
-            return plan
+            return
+        taken = self._measured_keys() | {config_key(s["config"]) for s in plan}
         if self.experience or self.priors:
-            fit = self._fit([])
+            fit = self._fit(self.records)
             safe = fit.p_oom <= self.max_oom_risk
             if not safe.any():
                 safe = fit.p_oom <= np.quantile(fit.p_oom, 0.2)
+            safe &= np.array([config_key(c) not in taken for c in self.pool])
             idx = np.flatnonzero(safe)
             top = idx[np.argsort(fit.mu[idx])[: max(5 * k, k)]]
             order = maximin(self._X_pool[top], k, start=0)
@@ -387,7 +404,6 @@ class SearchEngine:
             start = rng.randrange(len(self.pool))
             for i in maximin(self._X_pool, k, start=start):
                 plan.append({"config": self.pool[i], "source": "space-filling"})
-        return plan
 
     def _pred(self, fit: _Fit, i: int) -> dict[str, float]:
         out = {"objective": float(math.exp(-fit.mu[i])), "log_sd": float(fit.sd[i]),
@@ -423,7 +439,8 @@ class SearchEngine:
             has = np.array([any(c.get(k) == v for k, v in suspects) for c in self.pool])
             p_fit = np.where(has, p_fit * SUSPECT_FIT, p_fit)
         acq = np.where(free, np.where(free, ei, 0.0) * p_fit, -np.inf)
-        safe = free & (fit.p_oom <= self.max_oom_risk)
+        risk = self.oom_risk_cap()
+        safe = free & (1.0 - p_fit <= risk)  # a suspect setting is a risk like an OOM is
         if not safe.any():
             if len(self.observations) >= 4 and float(np.max(p_fit[free])) < 0.05:
                 self.stop_reason = ("every remaining candidate is predicted to run out of memory "
@@ -434,7 +451,7 @@ class SearchEngine:
         i_hungry = int(np.argmax(ei))
         pairing = None
         choice, origin = i_safe, "model"
-        if fit.p_oom[i_hungry] > self.max_oom_risk and i_hungry != i_safe:
+        if fit.p_oom[i_hungry] > risk and i_hungry != i_safe:
             j = self._pair(i_hungry, fit, safe)
             if j is not None and acq[j] >= acq[i_safe]:
                 choice, origin = j, "pairing"
@@ -447,6 +464,13 @@ class SearchEngine:
                 }
                 self.pairings.append(pairing)
         return Suggestion(dict(self.pool[choice]), origin, self._pred(fit, choice), pairing)
+
+    def oom_risk_cap(self) -> float:
+        """The largest P(OOM) a model-driven trial may carry: ``max_oom_risk`` at first,
+        shrinking linearly to ``final_oom_risk`` as the budget is spent (early, a risky trial
+        also teaches the memory model; late, only what it finds counts)."""
+        spent = min(1.0, len(self.observations) / max(self.budget, 1))
+        return self.max_oom_risk + (self.final_oom_risk - self.max_oom_risk) * spent
 
     def _lightest(self, fit: _Fit, free: np.ndarray) -> int:
         """The free candidate with the smallest predicted peak; where the memory model cannot
@@ -546,6 +570,7 @@ class SearchEngine:
             "observations": self.observations,
             "pending": self.pending,
             "seed_plan": self.seed_plan,
+            "seeds_planned": self.seeds_planned,
             "pairings": self.pairings,
             "revisions": self.revisions,
             "stop_reason": self.stop_reason,
@@ -558,6 +583,7 @@ class SearchEngine:
         self.observations = list(state["observations"])
         self.pending = dict(state.get("pending", {}))
         self.seed_plan = list(state.get("seed_plan", []))
+        self.seeds_planned = bool(state.get("seeds_planned", self.seed_plan))
         self.pairings = list(state.get("pairings", []))
         self.revisions = list(state.get("revisions", []))
         self.stop_reason = state.get("stop_reason")
