@@ -20,6 +20,7 @@ from infrarsi.trial import (
     TrialRecord,
     TrialStatus,
     WorkloadSignature,
+    clearly_slower,
 )
 
 GIB = 2**30
@@ -89,7 +90,7 @@ class ToyBackend(Backend):
         tok_s = self.throughput(c) * (1 + self.rng.gauss(0, self.noise))
         step = self._wl.tokens_per_step / tok_s
         steps = [step * (1 + self.rng.gauss(0, self.noise)) for _ in range(5)]
-        if stop_slower_than_s and min(steps[:2]) > stop_slower_than_s:  # as the harness does
+        if clearly_slower(steps[:2], stop_slower_than_s):  # as the harness does
             steps = steps[:2]
             common["extra"] = {"stopped_early": {"measured_steps": 2,
                                                  "slower_than_s": stop_slower_than_s}}

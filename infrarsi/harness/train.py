@@ -24,7 +24,7 @@ from infrarsi.harness.loss import training_loss
 from infrarsi.harness.memory import CpuMemoryMeter, raise_if_over_capacity
 from infrarsi.harness.profile import memory_breakdown, no_phase, profile_step
 from infrarsi.harness.stats import count_stats, shape_dict
-from infrarsi.trial import EARLY_STOP_CHECK_STEPS
+from infrarsi.trial import EARLY_STOP_CHECK_STEPS, clearly_slower
 from infrarsi.workloads.knobs import derived
 
 
@@ -188,7 +188,7 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
                     if (slow_s and len(clock.marks) - 1 == EARLY_STOP_CHECK_STEPS
                             and len(losses) >= ref.steps
                             and s + 1 < timing.warmup_steps + timing.measured_steps):
-                        if _clearly_slower(clock.durations(), slow_s, world, device):
+                        if _stop_on_every_rank(clock.durations(), slow_s, world, device):
                             stopped = {"measured_steps": EARLY_STOP_CHECK_STEPS,
                                        "slower_than_s": slow_s}
                             break
@@ -226,15 +226,12 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _clearly_slower(durations: list[float], slow_s: float, world: int,
-                    device: torch.device) -> bool:
-    """True on every rank when rank 0's fastest measured step so far is above ``slow_s``.
-
-    The fastest step, not the median: a stray slow step must not end a trial. Rank 0 decides
-    and broadcasts, so all ranks stop together (each rank's clock differs by microseconds; a
-    tie decided differently would leave one rank alone in a collective).
-    """
-    flag = torch.tensor([1 if min(durations) > slow_s else 0], device=device)
+def _stop_on_every_rank(durations: list[float], slow_s: float, world: int,
+                        device: torch.device) -> bool:
+    """Rank 0 applies the early-stop rule (``clearly_slower``) and broadcasts its decision, so
+    all ranks stop together (each rank's clock differs by microseconds; a tie decided
+    differently would leave one rank alone in a collective)."""
+    flag = torch.tensor([1 if clearly_slower(durations, slow_s) else 0], device=device)
     if world > 1:
         dist.broadcast(flag, src=0)
     return bool(flag.item())

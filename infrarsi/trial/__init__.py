@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from infrarsi.trial._context import HardwareFingerprint, SoftwareVersions, WorkloadSignature
-from infrarsi.trial._record import EARLY_STOP_CHECK_STEPS, ErrorKind, TrialRecord, TrialStatus
+from infrarsi.trial._record import (
+    EARLY_STOP_CHECK_STEPS,
+    ErrorKind,
+    TrialRecord,
+    TrialStatus,
+    clearly_slower,
+)
 
 __all__ = [
     "EARLY_STOP_CHECK_STEPS",
@@ -13,4 +19,5 @@ __all__ = [
     "TrialRecord",
     "TrialStatus",
     "WorkloadSignature",
+    "clearly_slower",
 ]

@@ -10,10 +10,15 @@ from typing import Any
 
 from infrarsi.trial._context import HardwareFingerprint, WorkloadSignature
 
-
 # A trial told to stop once clearly slower (``stop_slower_than_s``) decides once, after this
 # many measured steps: its record then says ``extra["stopped_early"]``.
 EARLY_STOP_CHECK_STEPS = 2
+
+
+def clearly_slower(step_times_s, slower_than_s: float | None) -> bool:
+    """The early-stop rule every backend applies to its first measured steps: all of them
+    slower than the hint (the fastest, not the median: one stray slow step never stops a trial)."""
+    return bool(slower_than_s) and len(step_times_s) > 0 and min(step_times_s) > slower_than_s
 
 
 class TrialStatus(str, enum.Enum):

@@ -35,6 +35,7 @@ from infrarsi.trial import (
     TrialRecord,
     TrialStatus,
     WorkloadSignature,
+    clearly_slower,
 )
 
 __all__ = ["SimulatorBackend", "SimOutcome", "COMPILE_FAILURES"]
@@ -180,7 +181,7 @@ class SimulatorBackend(Backend):
         trial_factor = rng.lognormal(0.0, p.noise_trial_cv)
         steps = out.step_time_s * trial_factor * rng.lognormal(0.0, p.noise_step_cv, p.measured_steps)
         check = EARLY_STOP_CHECK_STEPS  # the harness's early stop, simulated the same way
-        if stop_slower_than_s and len(steps) > check and steps[:check].min() > stop_slower_than_s:
+        if len(steps) > check and clearly_slower(steps[:check], stop_slower_than_s):
             steps = steps[:check]
             common["extra"]["stopped_early"] = {"measured_steps": check,
                                                 "slower_than_s": float(stop_slower_than_s)}
