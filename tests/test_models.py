@@ -20,7 +20,7 @@ from infrarsi.models import (
     revise_priors,
 )
 from infrarsi.space import Knob, SearchSpace
-from infrarsi.trial import HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
+from infrarsi.trial import ErrorKind, HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
 
 WL = WorkloadSignature("dense", 1_000_000, 4, 128, 4, 256, 32, name="tiny")
 HW = HardwareFingerprint("cpu", 8 * 2**30, 2)
@@ -187,3 +187,39 @@ def test_memory_revision_record_from_the_memory_model():
     (r,) = revise_priors(bad, enc, memory_model=m)
     assert r.target == "memory" and r.flagged and r.posterior_mean < -0.3
     assert r.to_dict()["knob"] == "activation_checkpointing"
+
+
+def test_crash_model_learns_a_conjunction_no_single_feature_explains():
+    from infrarsi.models.crash import CrashModel
+
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 2, size=(300, 6)).astype(float)
+    crashed = X[:, 0] * X[:, 1] * X[:, 2]  # crashes only when the three are on together
+    m = CrashModel(random_state=0).fit(X, crashed)
+    probe = np.array([[1, 1, 1, 0, 1, 0], [1, 1, 0, 0, 1, 0], [1, 0, 1, 1, 0, 1],
+                      [0, 1, 1, 1, 1, 1]], dtype=float)
+    p = m.p_crash(probe)
+    assert p[0] > 0.8
+    assert (p[1:] < 0.1).all()
+
+
+def test_crash_model_without_crashes_blames_nothing_and_cluster_faults_are_no_evidence():
+    from infrarsi.models.crash import CrashModel, crash_dataset, crash_label
+
+    X = np.random.default_rng(1).normal(size=(20, 3))
+    m = CrashModel().fit(X, np.zeros(20))
+    assert (m.p_crash(X) == 0).all()
+    with pytest.raises(ValueError, match="features"):
+        m.p_crash(np.zeros((2, 4)))
+
+    def rec(status, kind=None):
+        return TrialRecord(trial_id="t", config={}, backend="x", workload=WL, hardware=HW,
+                           status=status, error_kind=kind,
+                           error_message="boom" if kind else "")
+
+    assert crash_label(rec(TrialStatus.ERROR, ErrorKind.COMPILE)) == 1
+    assert crash_label(rec(TrialStatus.ERROR, ErrorKind.WORKER_LOST)) is None
+    assert crash_label(rec(TrialStatus.OOM)) == 0
+    rows, y = crash_dataset([rec(TrialStatus.OK), rec(TrialStatus.ERROR, ErrorKind.COMMUNICATION),
+                             rec(TrialStatus.ERROR, ErrorKind.CRASH)])
+    assert len(rows) == 2 and list(y) == [0, 1]

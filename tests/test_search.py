@@ -298,3 +298,41 @@ def test_the_oom_risk_a_trial_may_carry_shrinks_as_the_budget_is_spent():
         eng.observe(rec, "seed")
     assert caps[0] == pytest.approx(0.3) and caps[10] == pytest.approx(0.1)
     assert all(a >= c for a, c in zip(caps, caps[1:], strict=False))
+
+
+def _trio(c) -> bool:  # the simulator's compile failure: float8 inside selective checkpointing
+    return (c["compile"] != "off" and c["precision"] == "fp8"
+            and c["activation_checkpointing"] == "selective")
+
+
+def test_crashes_of_a_setting_conjunction_steer_the_search_around_that_conjunction_only():
+    """compile, fp8 and selective checkpointing each run; together they crash. No single setting
+    is to blame (the suspect rule finds none): the crash model learns the conjunction."""
+    from infrarsi.backends.simulator import SimulatorBackend
+
+    b = SimulatorBackend.builtin("dense-single-node")
+    base = b.baseline_config()
+    eng = SearchEngine(b.space, b.workload, b.hardware, budget=30, seed=0, baseline=base)
+    i = 0
+    for mbs in (1, 2):
+        for zero in (1, 2, 3):
+            for ac in ("selective", "full") if zero != 1 else ("selective", "none"):
+                for prec, comp in (("fp8", "default"), ("bf16", "default"), ("fp8", "off")):
+                    cfg = {**base, "micro_batch_size": mbs, "zero_stage": zero,
+                           "activation_checkpointing": ac, "precision": prec, "compile": comp}
+                    eng.observe(b.execute(cfg, trial_id=f"c{i}"), "seed", trial_id=f"c{i}")
+                    i += 1
+    recs = eng.records
+    assert sum(r.status is TrialStatus.ERROR for r in recs) >= 3
+    assert all(r.status is TrialStatus.ERROR for r in recs if _trio(r.config))
+    assert eng._suspect_settings(recs) == set()  # noqa: SLF001 - every setting also ran ok
+    fit = eng._fit(recs)  # noqa: SLF001
+    trio = np.array([_trio(c) for c in eng.pool])
+    two_of_three = np.array([c["compile"] != "off" and c["precision"] == "fp8" and not _trio(c)
+                             for c in eng.pool])
+    assert fit.p_crash[trio].mean() > 0.6
+    assert fit.p_crash[two_of_three].mean() < 0.2
+    assert (fit.p_fail >= fit.p_crash).all()
+    sugs = [eng.suggest(f"s{k}") for k in range(6)]
+    assert all(s is not None and not _trio(s.config) for s in sugs)
+    assert all("p_crash" in s.predicted for s in sugs)

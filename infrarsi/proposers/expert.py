@@ -47,6 +47,14 @@ def _micro_batch(v, d, dev):  # fewer accumulation steps, bigger GEMMs; activati
     return (-(0.12 if dev == "cuda" else 0.05) * r, 0.25, 0.45 * r, 0.35)
 
 
+def _accumulation(v, d, dev):
+    # At a fixed global batch the accumulation count follows from data parallelism and the
+    # micro-batch (the playbook table derives it); gradients accumulate in place, so peak
+    # memory does not depend on it. A tight memory prior keeps a fit on a few trials from
+    # explaining an OOM by this collinear column; its time effect is the micro-batch's.
+    return (0.0, 0.2, 0.0, 0.05)
+
+
 def _checkpointing(v, d, dev):
     table = {"none": (0.0, 0.0), "selective": (0.12, -0.2), "full": (0.28, -0.45)}
     if v not in table or d not in table:
@@ -120,6 +128,8 @@ RULES: dict[str, Rule] = {
     "num_threads": _threads,
     "micro_batch_size": _micro_batch,
     "mbs": _micro_batch,
+    "gradient_accumulation_steps": _accumulation,
+    "grad_acc": _accumulation,
     "activation_checkpointing": _checkpointing,
     "precision": _precision,
     "compile": _compile,

@@ -8,15 +8,32 @@ from collections.abc import Sequence
 import numpy as np
 
 from infrarsi.space import Config, SearchSpace, config_key
+from infrarsi.trial import WorkloadSignature
 
 MAX_ENUMERATE = 20_000
 
 
+def buildable(config: Config, workload: WorkloadSignature | None) -> bool:
+    """False for a config the workload's shape cannot build on any device.
+
+    A pipeline with more stages than the model has layers leaves a stage without a layer
+    (Megatron and nanotron refuse it): on the playbook table 110 of the 111 such runs crashed.
+    A space cannot say this (its knobs do not know the model); the search must not spend
+    trials learning it.
+    """
+    if workload is None or not workload.num_layers:
+        return True
+    pp = config.get("pipeline_parallel_degree", config.get("pp", 1))
+    return not (isinstance(pp, int) and pp > workload.num_layers)
+
+
 def candidate_pool(space: SearchSpace, seed: int, size: int = 5_000,
-                   include: Sequence[Config] = ()) -> list[Config]:
+                   include: Sequence[Config] = (),
+                   workload: WorkloadSignature | None = None) -> list[Config]:
     """All legal configs when the space is small enough, else ``size`` distinct legal samples
     plus the legal configs of ``include`` (the baseline and its neighbours: a sample must not
-    lose the config every speedup is measured against).
+    lose the config every speedup is measured against). Configs the ``workload`` cannot build
+    (:func:`buildable`) are left out.
 
     Deterministic in ``seed`` so a restored searcher rebuilds the same pool.
     """
@@ -29,6 +46,7 @@ def candidate_pool(space: SearchSpace, seed: int, size: int = 5_000,
             if config_key(c) not in keys and space.is_legal(c):
                 keys.add(config_key(c))
                 pool.append(dict(c))
+    pool = [c for c in pool if buildable(c, workload)]
     pool.sort(key=config_key)
     return pool
 

@@ -32,6 +32,7 @@ import numpy as np
 from scipy.stats import norm
 
 from infrarsi.models import FeatureEncoder, KnobPrior, PeakMemoryModel, StepTimeModel, revise_priors
+from infrarsi.models.crash import CrashModel, crash_dataset
 from infrarsi.models.priors import monotone_signs
 from infrarsi.search._pool import candidate_pool, maximin, neighbourhood
 from infrarsi.space import Config, SearchSpace, config_key
@@ -117,6 +118,9 @@ LIGHTEST_PROBES = 2
 # SearchEngine._suspect_settings): not zero, the setting may be innocent.
 SUSPECT_FIT = 0.02
 TRANSFER_MEMORY_STD_SCALE = 2.0
+# A crash of this search's own workload says more about its configs than one of another
+# workload from the bank: it weighs this many experience rows in the crash model.
+OWN_CRASH_WEIGHT = 3.0
 TRANSFER_MEMORY_STD_FLOOR = 0.1
 
 # Experience models keyed by (space, experience, priors): a benchmark runs many searches with
@@ -170,6 +174,12 @@ class _Fit:
     sd: np.ndarray
     p_oom: np.ndarray
     mem_median: np.ndarray | None
+    p_crash: np.ndarray  # P(the config itself crashes: compile, patch, code), see CrashModel
+
+    @property
+    def p_fail(self) -> np.ndarray:
+        """P(the trial yields no measurement): it runs out of memory or crashes."""
+        return 1.0 - (1.0 - self.p_oom) * (1.0 - self.p_crash)
 
 
 class SearchEngine:
@@ -206,7 +216,7 @@ class SearchEngine:
         self.include_baseline = include_baseline
         informed = bool(self.experience or self.priors)
         self.n_init = n_init if n_init is not None else max(1, min(3 if informed else 4, budget // 3))
-        self.pool = candidate_pool(space, seed, pool_size,
+        self.pool = candidate_pool(space, seed, pool_size, workload=workload,
                                    include=neighbourhood(space, self.baseline) if self.baseline else ())
         self._pool_keys = {config_key(c): i for i, c in enumerate(self.pool)}
         self.encoder = FeatureEncoder(space).fit()
@@ -222,6 +232,7 @@ class SearchEngine:
         self.n_seeds_issued = 0
         self._memory_family: str | None = None
         self._exp_fit: _ExperienceFit | None = None
+        self._exp_crash: tuple[np.ndarray, np.ndarray] | None = None
         self.lightest_probes: list[str] = []  # config keys of the "does anything fit?" probes
 
     # ---- observations -----------------------------------------------------------------
@@ -258,6 +269,8 @@ class SearchEngine:
         suspects = self._suspect_settings(self.records)
         seeds = [s for s in self.seed_plan if config_key(s["config"]) not in taken
                  and not any(s["config"].get(k) == v for k, v in suspects)]
+        if seeds and any(not r.ok for r in self.records):
+            seeds = self._still_promising(seeds)
         if seeds and self.n_seeds_issued < len(self.seed_plan):
             s = seeds[0]
             self.n_seeds_issued += 1
@@ -271,6 +284,13 @@ class SearchEngine:
         self.n_suggested += 1
         self.pending[trial_id or f"s{self.n_suggested}"] = sug.config
         return sug
+
+    def _still_promising(self, seeds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The planned seeds that trials since the plan do not predict to fail (an OOM or a
+        crash seen after a space-filling plan may condemn a seed nobody could judge then)."""
+        fit = self._fit(self.records)
+        p_fail = {config_key(c): float(p) for c, p in zip(self.pool, fit.p_fail, strict=True)}
+        return [s for s in seeds if p_fail.get(config_key(s["config"]), 0.0) <= self.max_oom_risk]
 
     def slow_stop_s(self) -> float | None:
         """The step time past which a new trial's outcome is certain, or None before any ok."""
@@ -328,7 +348,22 @@ class SearchEngine:
         elif capacity and exp is not None and exp.memory_model is not None:
             p_oom, med = exp.p_oom, exp.mem_median
         return _Fit(np.asarray(mu, float), np.maximum(np.asarray(sd, float), 1e-6),
-                    np.clip(np.asarray(p_oom, float), 0.0, 1.0), med)
+                    np.clip(np.asarray(p_oom, float), 0.0, 1.0), med, self._p_crash(records))
+
+    def _p_crash(self, records: Sequence[TrialRecord]) -> np.ndarray:
+        """P(crash) of every pool config from the crashes in experience and in own trials."""
+        if self._exp_crash is None:
+            rows, y = crash_dataset(self.experience)
+            X = self.encoder.transform_records(rows) if rows else np.zeros((0, self._X_pool.shape[1]))
+            self._exp_crash = (X, y)
+        X_exp, y_exp = self._exp_crash
+        rows, y_own = crash_dataset(records)
+        if not (y_exp.sum() + y_own.sum()):
+            return np.zeros(len(self.pool))
+        X = np.vstack([X_exp, self.encoder.transform_records(rows)]) if rows else X_exp
+        y = np.concatenate([y_exp, y_own])
+        w = np.concatenate([np.ones(len(y_exp)), np.full(len(y_own), OWN_CRASH_WEIGHT)])
+        return CrashModel(random_state=self.seed).fit(X, y, w).p_crash(self._X_pool)
 
     def _memory_model_for(self, exp: _ExperienceFit | None) -> PeakMemoryModel:
         if exp is not None and exp.memory_model is not None:
@@ -387,9 +422,9 @@ class SearchEngine:
         taken = self._measured_keys() | {config_key(s["config"]) for s in plan}
         if self.experience or self.priors:
             fit = self._fit(self.records)
-            safe = fit.p_oom <= self.max_oom_risk
+            safe = fit.p_fail <= self.max_oom_risk
             if not safe.any():
-                safe = fit.p_oom <= np.quantile(fit.p_oom, 0.2)
+                safe = fit.p_fail <= np.quantile(fit.p_fail, 0.2)
             safe &= np.array([config_key(c) not in taken for c in self.pool])
             idx = np.flatnonzero(safe)
             top = idx[np.argsort(fit.mu[idx])[: max(5 * k, k)]]
@@ -407,7 +442,7 @@ class SearchEngine:
 
     def _pred(self, fit: _Fit, i: int) -> dict[str, float]:
         out = {"objective": float(math.exp(-fit.mu[i])), "log_sd": float(fit.sd[i]),
-               "p_oom": float(fit.p_oom[i])}
+               "p_oom": float(fit.p_oom[i]), "p_crash": float(fit.p_crash[i])}
         if fit.mem_median is not None:
             out["peak_memory_bytes"] = float(fit.mem_median[i])
         return out
@@ -431,9 +466,9 @@ class SearchEngine:
         imp = best_y - fit.mu - xi
         z = imp / fit.sd
         ei = imp * norm.cdf(z) + fit.sd * norm.pdf(z)
-        ei = np.where(free, np.maximum(ei, 1e-12), -np.inf)
-        ei = ei * self._pending_penalty()
-        p_fit = 1.0 - fit.p_oom
+        # penalize before masking: a pending config's penalty is 0, and -inf * 0 is NaN
+        ei = np.where(free, np.maximum(ei, 1e-12) * self._pending_penalty(), -np.inf)
+        p_fit = 1.0 - fit.p_fail
         suspects = self._suspect_settings(records)
         if suspects:  # a setting every crash shared and no ok trial had: treat as a failure
             has = np.array([any(c.get(k) == v for k, v in suspects) for c in self.pool])
