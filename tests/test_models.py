@@ -20,7 +20,13 @@ from infrarsi.models import (
     revise_priors,
 )
 from infrarsi.space import Knob, SearchSpace
-from infrarsi.trial import ErrorKind, HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
+from infrarsi.trial import (
+    ErrorKind,
+    HardwareFingerprint,
+    TrialRecord,
+    TrialStatus,
+    WorkloadSignature,
+)
 
 WL = WorkloadSignature("dense", 1_000_000, 4, 128, 4, 256, 32, name="tiny")
 HW = HardwareFingerprint("cpu", 8 * 2**30, 2)
