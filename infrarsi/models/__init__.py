@@ -2,12 +2,14 @@
 
 ``FeatureEncoder`` turns (config, workload, hardware) into features; ``StepTimeModel``
 predicts log step time with a calibrated std; ``PeakMemoryModel`` fits peak memory with OOM
-trials right-censored at capacity and gives quantiles, P(OOM) and memory prices; ``KnobPrior``
+trials right-censored at capacity and gives quantiles, P(OOM) and memory prices; ``CrashModel``
+gives P(a config crashes) from the crashes seen, conjunctions of settings included; ``KnobPrior``
 and ``revise_priors`` carry proposer/bank priors in and miscalibration records out.
 """
 
 from __future__ import annotations
 
+from infrarsi.models.crash import CrashModel
 from infrarsi.models.encoding import Column, FeatureEncoder
 from infrarsi.models.peak_memory import PeakMemoryModel
 from infrarsi.models.priors import (
@@ -23,6 +25,7 @@ from infrarsi.models.step_time import StepTimeModel
 __all__ = [
     "MEMORY_MONOTONE",
     "Column",
+    "CrashModel",
     "FeatureEncoder",
     "KnobPrior",
     "PeakMemoryModel",

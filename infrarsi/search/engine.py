@@ -11,7 +11,8 @@ One suggestion:
    the best predicted configs that are likely to fit are spread out by maximin distance. Cold,
    the seeds are a maximin space-filling design (plus the baseline when asked).
 2. Then acquisition: expected improvement of log throughput over the best measured, times
-   P(fit) from the censored memory model; the exploration margin shrinks as the budget is spent;
+   P(the trial measures anything): not out of memory (the censored memory model) and not
+   crashed (the crash model, which learns setting conjunctions such as compile + fp8); the exploration margin shrinks as the budget is spent;
    configs already measured or pending are never proposed again.
 3. Pairing: when the best unconstrained candidate is likely to OOM, its neighbourhood (one or
    two knobs changed) is searched for memory savers with the lowest time price per GiB saved
@@ -118,10 +119,10 @@ LIGHTEST_PROBES = 2
 # SearchEngine._suspect_settings): not zero, the setting may be innocent.
 SUSPECT_FIT = 0.02
 TRANSFER_MEMORY_STD_SCALE = 2.0
+TRANSFER_MEMORY_STD_FLOOR = 0.1
 # A crash of this search's own workload says more about its configs than one of another
 # workload from the bank: it weighs this many experience rows in the crash model.
 OWN_CRASH_WEIGHT = 3.0
-TRANSFER_MEMORY_STD_FLOOR = 0.1
 
 # Experience models keyed by (space, experience, priors): a benchmark runs many searches with
 # the same experience, and a run's resume re-creates its engine.
@@ -188,8 +189,8 @@ class SearchEngine:
     Parameters: ``experience`` are records from other runs (other workloads or hardware;
     never the workload searched in a leave-one-out benchmark); ``priors`` are proposer priors
     per knob setting; ``objective`` maps a record to the number maximized (default tokens/s);
-    ``max_oom_risk`` is the largest predicted P(OOM) the engine spends a trial on, shrinking to
-    ``final_oom_risk`` as the budget is spent (see :meth:`oom_risk_cap`);
+    ``max_oom_risk`` is the largest predicted P(fail) (an OOM or a crash) the engine spends a
+    trial on, shrinking to ``final_oom_risk`` as the budget is spent (see :meth:`oom_risk_cap`);
     ``include_baseline`` puts the backend's baseline among the seeds.
     """
 
