@@ -229,3 +229,19 @@ def test_crash_model_without_crashes_blames_nothing_and_cluster_faults_are_no_ev
     rows, y = crash_dataset([rec(TrialStatus.OK), rec(TrialStatus.ERROR, ErrorKind.COMMUNICATION),
                              rec(TrialStatus.ERROR, ErrorKind.CRASH)])
     assert len(rows) == 2 and list(y) == [0, 1]
+
+
+def test_step_time_prior_scale_by_evidence_trusts_a_prior_the_data_bear_out_and_not_one_they_refute():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(12, 3))
+    prior = np.array([0.5, -0.3, 0.2])
+    agree = X @ prior + rng.normal(0, 0.02, 12)
+    refute = X @ np.array([-1.5, 1.2, 0.9]) + rng.normal(0, 0.02, 12)
+    kw = dict(prior_mean=prior, prior_std=np.full(3, 0.1), residual="none",
+              prior_scales=(0.5, 1.0, 4.0, 16.0))
+    assert StepTimeModel(**kw).fit(X, agree).prior_scale_ <= 1.0
+    m = StepTimeModel(**kw).fit(X, refute)
+    assert m.prior_scale_ >= 4.0
+    fixed = StepTimeModel(**{**kw, "prior_scales": (1.0,)}).fit(X, refute)
+    err = lambda model: np.abs(model.predict(X) - refute).mean()  # noqa: E731
+    assert err(m) < err(fixed)

@@ -49,6 +49,11 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
     max_gp_points, min_gp_points:
         the GP residual fits on at most ``max_gp_points`` random rows, and only from
         ``min_gp_points`` ok trials on (fewer cannot identify its hyperparameters).
+    prior_scales:
+        candidate multipliers of every slope's prior std; the fit keeps the one with the
+        highest evidence (empirical Bayes). ``(1.0,)`` trusts the prior as given; several let
+        the data say how far to trust it -- e.g. a residual on experience from other workloads,
+        which fits this workload well or does not.
     """
 
     def __init__(
@@ -61,6 +66,7 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
         residual: str = "gp",
         max_gp_points: int = 200,
         min_gp_points: int = 8,
+        prior_scales: tuple[float, ...] = (1.0,),
         random_state: int = 0,
     ):
         self.prior_mean = prior_mean
@@ -71,6 +77,7 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
         self.residual = residual
         self.max_gp_points = max_gp_points
         self.min_gp_points = min_gp_points
+        self.prior_scales = prior_scales
         self.random_state = random_state
 
     @classmethod
@@ -107,13 +114,30 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
         return self
 
     def _fit_linear(self, X, y, m, s) -> None:
+        """Conjugate Bayesian linear fit; the noise variance (and the prior scale, when there
+        are several ``prior_scales``) by maximum evidence."""
         n = len(y)
         Z = np.hstack([np.ones((n, 1)), X])
         m0 = np.concatenate([[np.mean(y - X @ m)], m])
-        s0 = np.concatenate([[self.intercept_std], s])
-        P0 = 1.0 / s0**2
         r = y - Z @ m0
         ZtZ, Ztr = Z.T @ Z, Z.T @ r
+        best = None
+        for scale in self.prior_scales:
+            P0 = 1.0 / np.concatenate([[self.intercept_std], s * scale]) ** 2
+            log_var, nle = self._noise_by_evidence(n, P0, r, ZtZ, Ztr)
+            if best is None or nle < best[0]:
+                best = (nle, P0, log_var, scale)
+        _, P0, log_var, self.prior_scale_ = best
+        v = float(np.exp(log_var))
+        A = np.diag(P0) + ZtZ / v
+        cov = np.linalg.inv(A)
+        self.coef_mean_ = m0 + cov @ (Ztr / v)
+        self.coef_cov_ = (cov + cov.T) / 2
+        self.noise_var_ = v
+
+    @staticmethod
+    def _noise_by_evidence(n, P0, r, ZtZ, Ztr) -> tuple[float, float]:
+        """(log noise variance, negative log evidence) at the evidence's maximum."""
 
         def neg_log_evidence(log_var: float) -> float:
             v = np.exp(log_var)
@@ -125,12 +149,7 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
             return 0.5 * (quad + logdet)
 
         res = minimize_scalar(neg_log_evidence, bounds=(np.log(1e-6), np.log(10.0)), method="bounded")
-        v = float(np.exp(res.x))
-        A = np.diag(P0) + ZtZ / v
-        cov = np.linalg.inv(A)
-        self.coef_mean_ = m0 + cov @ (Ztr / v)
-        self.coef_cov_ = (cov + cov.T) / 2
-        self.noise_var_ = v
+        return float(res.x), float(res.fun)
 
     def _fit_gp(self, X, resid) -> None:
         rng = np.random.default_rng(self.random_state)
