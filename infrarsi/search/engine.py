@@ -238,6 +238,7 @@ class SearchEngine:
         self._memory_family: str | None = None
         self._exp_fit: _ExperienceFit | None = None
         self._exp_crash: tuple[np.ndarray, np.ndarray] | None = None
+        self._fit_memo: tuple[int, _Fit] | None = None
         self.lightest_probes: list[str] = []  # config keys of the "does anything fit?" probes
 
     # ---- observations -----------------------------------------------------------------
@@ -293,7 +294,7 @@ class SearchEngine:
     def _still_promising(self, seeds: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The planned seeds that trials since the plan do not predict to fail (an OOM or a
         crash seen after a space-filling plan may condemn a seed nobody could judge then)."""
-        fit = self._fit(self.records)
+        fit = self._current_fit()
         p_fail = {config_key(c): float(p) for c, p in zip(self.pool, fit.p_fail, strict=True)}
         return [s for s in seeds if p_fail.get(config_key(s["config"]), 0.0) <= self.max_oom_risk]
 
@@ -301,6 +302,14 @@ class SearchEngine:
         """The step time past which a new trial's outcome is certain, or None before any ok."""
         steps = [r.step_time_s for r in self.records if r.ok and r.step_time_s]
         return SLOW_STOP_FACTOR * min(steps) if steps else None
+
+    def _current_fit(self) -> _Fit:
+        """:meth:`_fit` of every trial so far, once per new trial: a suggestion may judge the
+        planned seeds and then acquire, and neither should refit what the other just fitted."""
+        n = len(self.observations)
+        if self._fit_memo is None or self._fit_memo[0] != n:
+            self._fit_memo = (n, self._fit(self.records))
+        return self._fit_memo[1]
 
     def _fit(self, records: Sequence[TrialRecord]) -> _Fit:
         """Models of this search's own trials, centred on what experience already says.
@@ -427,7 +436,7 @@ class SearchEngine:
             return
         taken = self._measured_keys() | {config_key(s["config"]) for s in plan}
         if self.experience or self.priors:
-            fit = self._fit(self.records)
+            fit = self._current_fit()
             safe = fit.p_fail <= self.max_oom_risk
             if not safe.any():
                 safe = fit.p_fail <= np.quantile(fit.p_fail, 0.2)
@@ -455,7 +464,7 @@ class SearchEngine:
 
     def _acquire(self, free: np.ndarray) -> Suggestion | None:
         records = self.records
-        fit = self._fit(records)
+        fit = self._current_fit()
         self._update_revisions()
         n_oom = sum(r.status is TrialStatus.OOM for r in records)
         if (n_oom >= 2 and not any(r.ok for r in records)
@@ -621,6 +630,7 @@ class SearchEngine:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._fit_memo = None
         self.observations = list(state["observations"])
         self.pending = dict(state.get("pending", {}))
         self.seed_plan = list(state.get("seed_plan", []))
