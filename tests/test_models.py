@@ -60,7 +60,13 @@ def test_encoder_columns_follow_knob_declarations():
     assert X[0, 4] == 0.0  # inactive under checkpointing -> read at its default
     assert X[0, 5] == 1.0
     np.testing.assert_allclose(X[0, 6:15], WL.vector())
-    np.testing.assert_allclose(X[0, 15:], HW.vector())
+    np.testing.assert_allclose(X[0, 15:19], HW.vector())
+    # then the napkin physics of this config on WL: its memory estimate, no pipeline
+    assert list(enc.feature_names_out_[19:]) == ["phys_log2_mem_gib", "phys_log_bubble"]
+    heavy = enc.transform([{"micro_batch_size": 8}], WL, HW)[0, 19]
+    light = enc.transform([{"micro_batch_size": 1, "activation_checkpointing": "full",
+                            "zero": 1}], WL, HW)[0, 19]
+    assert heavy > light and X[0, 20] == 0.0
     # the default config encodes to zeros in every knob column
     assert not enc.transform([{}], WL, HW)[0, :6].any()
 
@@ -245,3 +251,48 @@ def test_step_time_prior_scale_by_evidence_trusts_a_prior_the_data_bear_out_and_
     fixed = StepTimeModel(**{**kw, "prior_scales": (1.0,)}).fit(X, refute)
     err = lambda model: np.abs(model.predict(X) - refute).mean()  # noqa: E731
     assert err(m) < err(fixed)
+
+
+def test_physics_estimates_follow_the_textbook_layouts():
+    from infrarsi.models.physics import memory_estimate_bytes, pipeline_bubble
+
+    wl = WorkloadSignature("dense", 8_000_000_000, 32, 4096, 32, 4096, 256, vocab_size=128_256)
+    base = {"data_parallel_degree": 8, "micro_batch_size": 1, "zero_stage": 0}
+    m0 = memory_estimate_bytes(base, wl)
+    # 16 bytes of Adam state per parameter unsharded: 128 GB of states alone at 8B params
+    assert 128e9 < m0 < 200e9
+    # ZeRO-1 shards the 12 optimizer bytes over dp: states 8B * (2 + 2 + 12/8) = 44 GB, not 128
+    assert memory_estimate_bytes({**base, "zero_stage": 1}, wl) == pytest.approx(m0 - 84e9)
+    # tensor parallelism divides states and activations alike
+    assert memory_estimate_bytes({**base, "tensor_parallel_degree": 8}, wl) < m0 / 7
+    # the table's short names are the same roles
+    assert memory_estimate_bytes({"dp": 8, "mbs": 1, "zero": 1}, wl) == pytest.approx(
+        memory_estimate_bytes({**base, "zero_stage": 1}, wl))
+    # 1F1B bubble: (pp - 1) / micro-batches, interleaving divides it by the virtual stages
+    pipe = {"data_parallel_degree": 2, "pipeline_parallel_degree": 4, "micro_batch_size": 4}
+    assert pipeline_bubble(pipe, wl) == pytest.approx(3 / 32)
+    assert pipeline_bubble({**pipe, "pipeline_schedule": "interleaved_1f1b",
+                            "num_virtual_pipeline_stages": 2}, wl) == pytest.approx(3 / 64)
+    assert pipeline_bubble(base, wl) == 0.0
+
+
+def test_physics_columns_carry_their_priors_and_the_expert_rules_are_not_counted_twice():
+    from infrarsi.models.physics import PHYSICS_PRIORS
+
+    enc = FeatureEncoder(space()).fit()
+    names = list(enc.feature_names_out_)
+    mem, bub, mbs = (names.index(n) for n in ("phys_log2_mem_gib", "phys_log_bubble",
+                                              "log2_micro_batch_size"))
+    expert = KnobPrior("micro_batch_size", 8, log_mem_effect=0.9, source="expert:micro_batch_size")
+    measured = KnobPrior("micro_batch_size", 8, log_mem_effect=0.9, source="bank")
+    m, s = coef_prior(enc, [expert], "memory")
+    assert (m[mem], s[mem]) == PHYSICS_PRIORS["memory", "phys_log2_mem_gib"]
+    assert m[mbs] == 0.0 and s[mbs] < 1.0  # the estimate carries it; the std stays
+    m, _ = coef_prior(enc, [measured], "memory")
+    assert m[mbs] == pytest.approx(0.45)  # a measured effect is kept: 0.9 over log2(8/2)
+    m, _ = coef_prior(enc, [expert], "time")
+    assert (m[bub], m[mem]) == (1.0, 0.0)
+    # without the physics columns the expert rule is the only memory knowledge: kept
+    plain = FeatureEncoder(space(), physics=False).fit()
+    m, _ = coef_prior(plain, [expert], "memory")
+    assert m[list(plain.feature_names_out_).index("log2_micro_batch_size")] == pytest.approx(0.45)

@@ -11,7 +11,10 @@ setting's effect relative to the default (what a :class:`~infrarsi.models.KnobPr
 * ``bool`` knob (a patch is one) -> ``float(value) - float(default)``;
 * an inactive knob is read at its default (the space's ``normalize`` already does that).
 
-Then, optionally, :meth:`WorkloadSignature.vector` and :meth:`HardwareFingerprint.vector`.
+Then, optionally, :meth:`WorkloadSignature.vector` and :meth:`HardwareFingerprint.vector`,
+and the napkin physics of the config on its workload (:mod:`infrarsi.models.physics`: log2 of
+the per-device memory estimate, the pipeline bubble) -- the sums and ratios of knobs that a
+log-linear model of the knob columns alone cannot express.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from infrarsi.models.physics import PHYSICS_FEATURES, physics_vector
 from infrarsi.space import SearchSpace
 from infrarsi.trial import HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
 
@@ -39,7 +43,7 @@ class Column:
 
     name: str
     knob: str | None
-    kind: str  # "log2" | "linear" | "onehot" | "bool" | "workload" | "hardware"
+    kind: str  # "log2" | "linear" | "onehot" | "bool" | "workload" | "hardware" | "physics"
     setting: Any = None  # the one-hot's value
     ref: float = 0.0  # the default's raw value, for log2/linear/bool
 
@@ -57,10 +61,12 @@ class FeatureEncoder:
     ``workloads``/``hardwares`` may be one object for every row or one per row.
     """
 
-    def __init__(self, space: SearchSpace, workload_keys: bool = True, hardware_keys: bool = True):
+    def __init__(self, space: SearchSpace, workload_keys: bool = True, hardware_keys: bool = True,
+                 physics: bool = True):
         self.space = space
         self.workload_keys = workload_keys
         self.hardware_keys = hardware_keys
+        self.physics = physics  # needs the workload: on only with workload_keys
 
     # ---- layout -----------------------------------------------------------------------
     def fit(self, records_or_rows: Iterable[Any] | None = None, y: Any = None) -> FeatureEncoder:
@@ -81,6 +87,8 @@ class FeatureEncoder:
             cols += [Column(n, None, "workload") for n in WORKLOAD_FEATURES]
         if self.hardware_keys:
             cols += [Column(n, None, "hardware") for n in HARDWARE_FEATURES]
+        if self.physics and self.workload_keys:
+            cols += [Column(n, None, "physics") for n in PHYSICS_FEATURES]
         self.columns_ = tuple(cols)
         self.feature_names_out_ = np.array([c.name for c in cols], dtype=object)
         self.n_features_out_ = len(cols)
@@ -140,6 +148,9 @@ class FeatureEncoder:
             j += len(WORKLOAD_FEATURES)
         if self.hardware_keys:
             X[:, j : j + len(HARDWARE_FEATURES)] = _context_block(hardwares, n, len(HARDWARE_FEATURES))
+            j += len(HARDWARE_FEATURES)
+        if self.physics and self.workload_keys:
+            X[:, j : j + len(PHYSICS_FEATURES)] = _physics_block(configs, workloads)
         return X
 
     def fit_transform(self, configs, workloads=None, hardwares=None) -> np.ndarray:
@@ -182,6 +193,21 @@ class FeatureEncoder:
     def knob_settings(self) -> list[tuple[str, Any]]:
         """Every (knob, non-default setting) pair, in declaration order."""
         return [(k.name, v) for k in self.space.knobs for v in k.values if v != k.default]
+
+
+def _physics_block(configs: Sequence[Mapping[str, Any]], workloads: Any) -> np.ndarray:
+    n = len(configs)
+    per_row = workloads if workloads is not None and not hasattr(workloads, "vector") else None
+    out = np.empty((n, len(PHYSICS_FEATURES)))
+    cache: dict[tuple[int, str], list[float]] = {}
+    for i, cfg in enumerate(configs):
+        w = per_row[i] if per_row is not None else workloads
+        key = (id(w), repr(sorted(cfg.items())))
+        v = cache.get(key)
+        if v is None:
+            v = cache[key] = physics_vector(cfg, w)
+        out[i] = v
+    return out
 
 
 def _context_block(objs: Any, n: int, width: int) -> np.ndarray:

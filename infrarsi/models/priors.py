@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from infrarsi.models.encoding import FeatureEncoder
+from infrarsi.models.physics import MEMORY_ESTIMATED_KNOBS, PHYSICS_PRIORS
 
 # Physics that holds for every dense transformer we train: the sign of a knob's effect on peak
 # memory per device (+1: a larger value / non-default setting never uses less; -1: never more).
@@ -90,7 +91,14 @@ def coef_prior(
     """Gaussian prior ``(mean, std)`` on every encoder column's coefficient.
 
     Columns without a prior get mean 0 and ``default_std`` (weak: a factor 2 per log2 unit).
+    The encoder's physics columns take :data:`~infrarsi.models.physics.PHYSICS_PRIORS`. Where
+    the memory estimate is a column, the built-in expert rules' memory effects of the knobs it
+    accounts for centre on 0 (same std): those rules are a first-order napkin of their own, and
+    counting the effect twice would double it. Priors from elsewhere (the bank's measured
+    effects, an LLM) are kept as stated: they may know what the napkin misses.
     """
+    physics = {c.name: j for j, c in enumerate(encoder.columns_) if c.kind == "physics"}
+    estimated = target == "memory" and "phys_log2_mem_gib" in physics
     encoder._check_fitted()
     p = encoder.n_features_out_
     prec = np.zeros(p)
@@ -99,6 +107,8 @@ def coef_prior(
         eff, sd = pr.effect(target)
         if eff is None or not math.isfinite(eff):
             continue
+        if estimated and pr.knob in MEMORY_ESTIMATED_KNOBS and pr.source.startswith("expert:"):
+            eff = 0.0
         delta = encoder.setting_delta(pr.knob, pr.setting)
         for j in np.flatnonzero(delta):
             # effect = beta_j * delta_j  =>  beta_j ~ N(eff / delta_j, (sd / |delta_j|)^2)
@@ -107,6 +117,9 @@ def coef_prior(
             wsum[j] += w * eff / delta[j]
     mean = np.where(prec > 0, wsum / np.maximum(prec, 1e-300), 0.0)
     std = np.where(prec > 0, 1.0 / np.sqrt(np.maximum(prec, 1e-300)), default_std)
+    for name, j in physics.items():
+        if (target, name) in PHYSICS_PRIORS:
+            mean[j], std[j] = PHYSICS_PRIORS[target, name]
     return mean, std
 
 
@@ -118,6 +131,8 @@ def monotone_signs(encoder: FeatureEncoder, physics: dict[str, int] | None = Non
     for j, c in enumerate(encoder.columns_):
         if c.knob in physics:
             signs[j] = physics[c.knob]
+        elif c.kind == "physics" and c.name == "phys_log2_mem_gib":
+            signs[j] = +1  # the napkin estimate of peak memory cannot predict less for more
     return signs
 
 
