@@ -296,3 +296,12 @@ def test_physics_columns_carry_their_priors_and_the_expert_rules_are_not_counted
     plain = FeatureEncoder(space(), physics=False).fit()
     m, _ = coef_prior(plain, [expert], "memory")
     assert m[list(plain.feature_names_out_).index("log2_micro_batch_size")] == pytest.approx(0.45)
+
+
+def test_physics_reads_the_torch_workloads_launch_knobs():
+    from infrarsi.models.physics import layout
+
+    c = layout({"num_workers": 2, "data_parallel": "fsdp", "micro_batch_size": 4})
+    assert (c["dp"], c["zero"], c["mbs"]) == (2, 3, 4)
+    assert layout({"data_parallel": "fsdp", "reshard_after_forward": False})["zero"] == 2
+    assert layout({"data_parallel": "ddp"})["zero"] == 0

@@ -1,6 +1,8 @@
 """Learned cost models: one feature encoding, a step-time model, a censored peak-memory model.
 
-``FeatureEncoder`` turns (config, workload, hardware) into features; ``StepTimeModel``
+``FeatureEncoder`` turns (config, workload, hardware) into features, the napkin physics of
+the config's parallel layout among them (``physics``: per-device memory estimate, pipeline
+bubble); ``StepTimeModel``
 predicts log step time with a calibrated std; ``PeakMemoryModel`` fits peak memory with OOM
 trials right-censored at capacity and gives quantiles, P(OOM) and memory prices; ``CrashModel``
 gives P(a config crashes) from the crashes seen, conjunctions of settings included; ``KnobPrior``
@@ -12,6 +14,7 @@ from __future__ import annotations
 from infrarsi.models.crash import CrashModel
 from infrarsi.models.encoding import Column, FeatureEncoder
 from infrarsi.models.peak_memory import PeakMemoryModel
+from infrarsi.models.physics import memory_estimate_bytes, pipeline_bubble
 from infrarsi.models.priors import (
     MEMORY_MONOTONE,
     KnobPrior,
@@ -32,6 +35,8 @@ __all__ = [
     "PriorRevision",
     "StepTimeModel",
     "coef_prior",
+    "memory_estimate_bytes",
     "monotone_signs",
+    "pipeline_bubble",
     "revise_priors",
 ]

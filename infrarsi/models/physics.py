@@ -24,13 +24,13 @@ from typing import Any
 from infrarsi.trial import WorkloadSignature
 
 ROLES: dict[str, tuple[str, ...]] = {
-    "dp": ("data_parallel_degree", "dp"),
+    "dp": ("data_parallel_degree", "dp", "num_workers"),
     "tp": ("tensor_parallel_degree", "tp"),
     "pp": ("pipeline_parallel_degree", "pp"),
     "cp": ("context_parallel_degree", "cp"),
     "ep": ("expert_parallel_degree", "ep"),
     "mbs": ("micro_batch_size", "mbs"),
-    "zero": ("zero_stage", "zero"),
+    "zero": ("zero_stage", "zero", "data_parallel"),  # data_parallel: "ddp" | "fsdp"
     "ac": ("activation_checkpointing",),
     "precision": ("precision",),
     "schedule": ("pipeline_schedule",),
@@ -60,6 +60,8 @@ def layout(config: Mapping[str, Any]) -> dict[str, Any]:
         v = out[role]
         out[role] = int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1 else 1
     z = out["zero"]
+    if z == "fsdp":  # FSDP2 full shard is ZeRO-3; keeping params after forward is ZeRO-2
+        z = 3 if config.get("reshard_after_forward", True) else 2
     out["zero"] = int(z) if isinstance(z, (int, float)) and not isinstance(z, bool) else 0
     if out["ac"] not in _ACT_PER_TOKEN:
         out["ac"] = "full" if out["ac"] is True else "none"
