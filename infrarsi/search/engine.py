@@ -12,8 +12,9 @@ One suggestion:
    the seeds are a maximin space-filling design (plus the baseline when asked).
 2. Then acquisition: expected improvement of log throughput over the best measured, times
    P(the trial measures anything): not out of memory (the censored memory model) and not
-   crashed (the crash model, which learns setting conjunctions such as compile + fp8); the exploration margin shrinks as the budget is spent;
-   configs already measured or pending are never proposed again.
+   crashed (the crash model, which learns setting conjunctions such as compile + fp8); the
+   exploration margin shrinks as the budget is spent; configs already measured or pending are
+   never proposed again.
 3. Pairing: when the best unconstrained candidate is likely to OOM, its neighbourhood (one or
    two knobs changed) is searched for memory savers with the lowest time price per GiB saved
    until the predicted risk is acceptable.
