@@ -254,3 +254,20 @@ def test_doctor_end_to_end_on_cpu_dense(tmp_path, ray_local):
         assert entry.payload["baseline_step_s"] == doc["baseline_step_s"]
         assert {r.trial_id for r in bank.trials(doc["run_id"])} == set(doc["records"])
         assert all(r.phase_times_s for r in bank.trials(doc["run_id"]))
+
+
+def test_one_stalled_step_does_not_set_the_noise_floor():
+    """A trial is its median step; a single 3x stall (a GC pause) must not inflate the MDE."""
+
+    from infrarsi.doctor.noise import noise_model
+
+    rng = random.Random(0)
+    quiet = [[0.2 * math.exp(rng.gauss(0, 0.02)) for _ in range(5)] for _ in range(3)]
+    stalled = [list(s) for s in quiet]
+    stalled[1][2] *= 3.0
+    a, b = noise_model(quiet), noise_model(stalled)
+    assert b["within_cv"] < 2 * max(a["within_cv"], 0.02)
+    assert b["mde"] < 0.2
+    # on plain normal jitter the robust estimate is the SD (consistent), not a fraction of it
+    many = [[math.exp(rng.gauss(0, 0.05)) for _ in range(40)] for _ in range(5)]
+    assert noise_model(many)["within_cv"] == pytest.approx(0.05, rel=0.2)
