@@ -66,7 +66,11 @@ class FeatureEncoder:
         self.space = space
         self.workload_keys = workload_keys
         self.hardware_keys = hardware_keys
-        self.physics = physics  # needs the workload: on only with workload_keys
+        self.physics = physics
+
+    @property
+    def _with_physics(self) -> bool:
+        return self.physics and self.workload_keys  # the estimates need the workload
 
     # ---- layout -----------------------------------------------------------------------
     def fit(self, records_or_rows: Iterable[Any] | None = None, y: Any = None) -> FeatureEncoder:
@@ -87,7 +91,7 @@ class FeatureEncoder:
             cols += [Column(n, None, "workload") for n in WORKLOAD_FEATURES]
         if self.hardware_keys:
             cols += [Column(n, None, "hardware") for n in HARDWARE_FEATURES]
-        if self.physics and self.workload_keys:
+        if self._with_physics:
             cols += [Column(n, None, "physics") for n in PHYSICS_FEATURES]
         self.columns_ = tuple(cols)
         self.feature_names_out_ = np.array([c.name for c in cols], dtype=object)
@@ -149,7 +153,7 @@ class FeatureEncoder:
         if self.hardware_keys:
             X[:, j : j + len(HARDWARE_FEATURES)] = _context_block(hardwares, n, len(HARDWARE_FEATURES))
             j += len(HARDWARE_FEATURES)
-        if self.physics and self.workload_keys:
+        if self._with_physics:
             X[:, j : j + len(PHYSICS_FEATURES)] = _physics_block(configs, workloads)
         return X
 

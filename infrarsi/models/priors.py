@@ -97,9 +97,9 @@ def coef_prior(
     counting the effect twice would double it. Priors from elsewhere (the bank's measured
     effects, an LLM) are kept as stated: they may know what the napkin misses.
     """
+    encoder._check_fitted()
     physics = {c.name: j for j, c in enumerate(encoder.columns_) if c.kind == "physics"}
     estimated = target == "memory" and "phys_log2_mem_gib" in physics
-    encoder._check_fitted()
     p = encoder.n_features_out_
     prec = np.zeros(p)
     wsum = np.zeros(p)
