@@ -298,6 +298,26 @@ def test_physics_columns_carry_their_priors_and_the_expert_rules_are_not_counted
     assert m[list(plain.feature_names_out_).index("log2_micro_batch_size")] == pytest.approx(0.45)
 
 
+def test_with_the_memory_estimate_a_column_workload_columns_add_little_to_memory():
+    """An unseen workload's 80 layers against experience's 32 must not put 48 units of doubt
+    on every memory prediction: the estimate carries size, the context columns a little."""
+    from infrarsi.models.encoding import CONTEXT_SPANS
+    from infrarsi.models.physics import CONTEXT_MEMORY_STD
+
+    enc = FeatureEncoder(space()).fit()
+    names = list(enc.feature_names_out_)
+    m, s = coef_prior(enc, [], "memory")
+    layers = names.index("wl_layers")
+    assert m[layers] == 0.0 and s[layers] == pytest.approx(CONTEXT_MEMORY_STD / CONTEXT_SPANS["wl_layers"])
+    assert 48 * s[layers] < 0.1
+    assert all(s[names.index(n)] <= CONTEXT_MEMORY_STD for n in CONTEXT_SPANS)
+    _, s_time = coef_prior(enc, [], "time")
+    assert s_time[layers] == 1.0  # time keeps the weak default: the estimate is of memory
+    plain = FeatureEncoder(space(), physics=False).fit()
+    _, s_plain = coef_prior(plain, [], "memory")
+    assert s_plain[list(plain.feature_names_out_).index("wl_layers")] == 1.0
+
+
 def test_physics_reads_the_torch_workloads_launch_knobs():
     from infrarsi.models.physics import layout
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import lifelines
 import numpy as np
 import pytest
@@ -144,6 +146,36 @@ def test_lifelines_convergence_error_falls_back(monkeypatch):
     with pytest.warns(ModelFallbackWarning, match="ConvergenceError"):
         m = PeakMemoryModel().fit(X, mem, obs)
     assert m.fallen_back_ and np.isfinite(m.predict(X)).all()
+
+
+def test_fewer_trials_than_columns_fit_without_falling_back():
+    """Peaks a linear model interpolates exactly drove the spread to 0, where lifelines lost
+    precision and gave up (ConvergenceError on 4 of these 30 early searches: 7 trials, 16
+    columns, slopes near experience's); the fit holds the spread it will keep instead."""
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        X = rng.choice([0.0, 1.0, 2.0, 3.0], size=(7, 16))
+        slopes = rng.normal(scale=0.05, size=16)
+        mem = np.exp(24.0 + X @ slopes + rng.normal(scale=0.03, size=7))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ModelFallbackWarning)
+            m = PeakMemoryModel(distribution="lognormal", prior_mean=slopes,
+                                prior_std=np.full(16, 0.13)).fit(X, mem, np.ones(7, bool))
+        assert not m.fallen_back_ and m.shape_ >= 0.1
+        np.testing.assert_allclose(np.log(m.predict(X)), np.log(mem), atol=0.2)
+
+
+def test_only_ooms_raise_a_stated_location_and_never_lower_it():
+    X, _, _ = simulate(20, seed=6)
+    censored = (np.full(20, CAP), np.zeros(20, bool))
+    low = PeakMemoryModel(prior_intercept=np.log(CAP) - 3.0)
+    with pytest.warns(ModelFallbackWarning):
+        low.fit(X, *censored)
+    assert np.mean(low.p_oom(X, CAP)) > 0.5  # the OOMs moved it above the capacity
+    high = PeakMemoryModel(prior_intercept=np.log(CAP) + 2.0)
+    with pytest.warns(ModelFallbackWarning):
+        high.fit(X, *censored)
+    assert high.log_scale_ + high.intercept_ == pytest.approx(np.log(CAP) + 2.0)
 
 
 # ---- prices and physics ------------------------------------------------------------------------

@@ -63,6 +63,31 @@ def test_oom_trials_reach_the_memory_model_as_censored_observations():
     assert fit.p_oom[i] > 0.5 > fit.p_oom[j]
 
 
+def test_own_ooms_count_before_any_peak_when_experience_put_memory_too_low():
+    """Experience from another stack measured a third of these peaks: it predicts the hungry
+    configs fit. Two OOMs of this search's own must move that before anything fits, not wait
+    for an observed peak (they were ignored, and a search spent 12 of 20 trials on OOMs)."""
+    import dataclasses
+
+    from infrarsi.trial import HardwareFingerprint
+
+    b = ToyBackend()
+    other = HardwareFingerprint("toy-gpu-b", CAPACITY, 8, peak_flops=1e15)
+    experience = [dataclasses.replace(r, hardware=other,
+                                      peak_memory_bytes=(r.peak_memory_bytes[0] // 3,))
+                  for i, c in enumerate(b.space.enumerate())
+                  if (r := b.execute(c, trial_id=f"x{i}")).ok]
+    eng = _engine(b, experience=experience)
+    hungry = {"micro_batch_size": 16, "activation_checkpointing": "none", "precision": "fp32",
+              "bucket_cap_mb": 25}
+    i = eng._pool_keys[config_key(b.space.normalize(hungry))]
+    assert eng._current_fit().p_oom[i] < 0.5  # experience says it fits
+    for k, c in enumerate([hungry, {**hungry, "micro_batch_size": 8}]):
+        eng.observe(b.execute(c, trial_id=f"m{k}"), "test")
+    assert all(r.status is TrialStatus.OOM for r in eng.records)
+    assert eng._current_fit().p_oom[i] > 0.5
+
+
 def test_pairing_adds_a_memory_saver_to_a_hungry_fast_candidate():
     b = ToyBackend()
     eng = _engine(b, budget=20, n_init=0)

@@ -8,7 +8,11 @@ and divided by ``n`` so it weighs like a prior on the summed likelihood -- plus 
 quadratic for the physics sign constraints. The location intercept is not penalized; the log of
 the shape parameter gets a weak Gaussian prior (:data:`SHAPE_PRIOR`): with fewer observed peaks
 than coefficients the likelihood alone is unbounded (the fit interpolates the peaks and the
-shape goes to zero), which is exactly the early search. Written against lifelines 0.30.
+shape goes to zero), which is exactly the early search. The shape is also held (softly, like
+the signs) at or above a floor on its spread, ``min_spread``: the model keeps that floor at
+prediction anyway, so the fit should not buy an exact interpolation with a spread it will not
+keep -- and a spread driven to zero is where lifelines' optimizer loses precision and gives up
+(a ConvergenceError on 7 trials of 16 columns). Written against lifelines 0.30.
 """
 
 from __future__ import annotations
@@ -34,24 +38,37 @@ SHAPE_PRIOR_STD = 1.0
 SHAPE_PRIOR = {"lognormal": float(np.log(0.2)), "weibull": float(np.log(np.pi / np.sqrt(6) / 0.2))}
 
 
-class _PriorPenalty:
-    """Mixin: the prior-centred penalty. Set ``_prior`` = (m, s, sign, strength) before fit."""
+def _log_shape_bound(dist: str, min_spread: float) -> tuple[float, float]:
+    """``(bound, sign)``: the log shape must satisfy ``sign * (log_shape - bound) >= 0`` for a
+    spread of at least ``min_spread`` (log-normal sigma; Weibull rho, whose spread is
+    pi / (sqrt(6) rho)). ``sign`` 0: no floor."""
+    if not min_spread or min_spread <= 0:
+        return 0.0, 0.0
+    if dist == "lognormal":
+        return float(np.log(min_spread)), 1.0
+    return float(np.log(np.pi / np.sqrt(6) / min_spread)), -1.0
 
-    _prior: tuple[np.ndarray, np.ndarray, np.ndarray, float]
+
+class _PriorPenalty:
+    """Mixin: the prior-centred penalty. Set ``_prior`` = (m, s, sign, strength, min_spread)
+    before fit."""
+
+    _prior: tuple[np.ndarray, np.ndarray, np.ndarray, float, float]
     _primary: str
     _ancillary: str
     _dist: str
     _pen = None
 
     def _build_penalty(self):
-        m, s, sign, _ = self._prior
+        m, s, sign, _, min_spread = self._prior
         n = float(self.weights.sum())
         idx = self._norm_std.index
-        center, prec, sg = (np.zeros(len(idx)) for _ in range(3))
+        center, prec, sg, bound = (np.zeros(len(idx)) for _ in range(4))
         for i, (param, cov) in enumerate(idx):
             if param == self._ancillary and cov == "Intercept":
                 center[i] = SHAPE_PRIOR[self._dist]
                 prec[i] = 1.0 / (n * SHAPE_PRIOR_STD**2)
+                bound[i], sg[i] = _log_shape_bound(self._dist, min_spread)
                 continue
             if param != self._primary or cov == "Intercept":
                 continue
@@ -59,15 +76,15 @@ class _PriorPenalty:
             center[i] = m[j] * sd
             prec[i] = 1.0 / (n * s[j] ** 2 * sd**2)
             sg[i] = sign[j]
-        return center, prec, sg
+        return center, prec, sg, bound
 
     def _add_penalty(self, params, neg_ll):
         arr, _ = flatten(params)
         if self._pen is None:
             self._pen = self._build_penalty()
-        center, prec, sg = self._pen
+        center, prec, sg, bound = self._pen
         pen = 0.5 * anp.sum(prec * (arr - center) ** 2)
-        viol = anp.minimum(0.0, sg * arr)
+        viol = anp.minimum(0.0, sg * (arr - bound))
         return neg_ll + pen + self._prior[3] * anp.sum(viol**2)
 
 
@@ -89,7 +106,7 @@ class AFTFit:
     aic: float
 
 
-def _warm_start(dist, X, log_t, observed, m, s, sign, strength) -> np.ndarray:
+def _warm_start(dist, X, log_t, observed, m, s, sign, strength, min_spread=0.0) -> np.ndarray:
     """Optimum of the same penalized objective in numpy, in lifelines' flattened layout.
 
     lifelines' generic autograd optimizer spends ~0.1 s of Python overhead per step; starting it
@@ -104,6 +121,7 @@ def _warm_start(dist, X, log_t, observed, m, s, sign, strength) -> np.ndarray:
     obs = np.asarray(observed, bool)
     lognormal = dist == "lognormal"
     la_center = SHAPE_PRIOR[dist]
+    la_bound, la_sign = _log_shape_bound(dist, min_spread)
 
     def f(th):
         g, b0, la = th[:p], th[p], th[p + 1]
@@ -123,11 +141,12 @@ def _warm_start(dist, X, log_t, observed, m, s, sign, strength) -> np.ndarray:
             dmu = np.where(obs, -rho * (1 - ew), rho * ew)
             dla = np.where(obs, 1 + w * (1 - ew), -w * ew)
         viol = np.minimum(0.0, sign * g)
+        la_viol = min(0.0, la_sign * (la - la_bound))
         la_prec = 1.0 / (n * SHAPE_PRIOR_STD**2)
         val = (-ll.mean() + 0.5 * np.sum(prec * (g - center) ** 2) + strength * np.sum(viol**2)
-               + 0.5 * la_prec * (la - la_center) ** 2)
+               + 0.5 * la_prec * (la - la_center) ** 2 + strength * la_viol**2)
         grad_g = -(Xs.T @ dmu) / n + prec * (g - center) + 2 * strength * viol * sign
-        grad_la = -dla.mean() + la_prec * (la - la_center)
+        grad_la = -dla.mean() + la_prec * (la - la_center) + 2 * strength * la_viol * la_sign
         return val, np.concatenate([grad_g, [-dmu.mean(), grad_la]])
 
     spread = max(float(np.std(log_t)), 0.05)
@@ -139,10 +158,11 @@ def _warm_start(dist, X, log_t, observed, m, s, sign, strength) -> np.ndarray:
     return res.x, float(res.fun)
 
 
-def select_family(X, log_t, observed, m, s, sign, strength) -> tuple[str, dict, np.ndarray]:
+def select_family(X, log_t, observed, m, s, sign, strength,
+                  min_spread=0.0) -> tuple[str, dict, np.ndarray]:
     """Pick log-normal or Weibull by AIC of the penalized fit (same parameter count, so the
     lower penalized negative log-likelihood wins); returns the winner's warm start too."""
-    fits = {d: _warm_start(d, X, log_t, observed, m, s, sign, strength)
+    fits = {d: _warm_start(d, X, log_t, observed, m, s, sign, strength, min_spread)
             for d in ("lognormal", "weibull")}
     k = X.shape[1] + 2
     aic = {d: 2 * len(log_t) * fun + 2 * k for d, (_, fun) in fits.items()}
@@ -150,18 +170,20 @@ def select_family(X, log_t, observed, m, s, sign, strength) -> tuple[str, dict, 
     return best, aic, fits[best][0]
 
 
-def fit_aft(dist, X, log_t, observed, m, s, sign, strength, warm=None) -> AFTFit:
+def fit_aft(dist, X, log_t, observed, m, s, sign, strength, min_spread=0.0,
+            warm=None) -> AFTFit:
     """Fit one AFT family on ``log_t`` (log of a scaled positive quantity); raises on failure."""
     cls = _LogNormal if dist == "lognormal" else _Weibull
     primary, anc = _PRIMARY[dist]
     if warm is None:
-        warm, _ = _warm_start(dist, X, log_t, observed, m, s, sign, strength)
+        warm, _ = _warm_start(dist, X, log_t, observed, m, s, sign, strength, min_spread)
     names = [f"x{j:04d}" for j in range(X.shape[1])]  # sort-stable names
     df = pd.DataFrame(X, columns=names)
     df["T"] = np.exp(log_t)
     df["E"] = np.asarray(observed, dtype=bool)
     fitter = cls(penalizer=0.0)
-    fitter._prior = (np.asarray(m), np.asarray(s), np.asarray(sign), float(strength))
+    fitter._prior = (np.asarray(m), np.asarray(s), np.asarray(sign), float(strength),
+                     float(min_spread))
     fitter._pen = None
     with warnings.catch_warnings(), threadpool_limits(limits=1, user_api="blas"):
         warnings.simplefilter("ignore")

@@ -35,6 +35,16 @@ WORKLOAD_FEATURES = (
     "wl_log2_seq", "wl_log2_gbs", "wl_log2_experts", "wl_top_k",
 )
 HARDWARE_FEATURES = ("hw_log2_mem_bytes", "hw_log2_devices", "hw_log2_nodes", "hw_log10_flops")
+# The range each workload/hardware feature spans between the jobs a bank holds (a 1B to a 100B+
+# model, 1 to 128 nodes, ...), in the feature's own units: a prior on a context column's slope
+# is stated per span, because "1 unit" means one layer for one column and 10x parameters for
+# another.
+CONTEXT_SPANS: dict[str, float] = {
+    "wl_moe": 1.0, "wl_log10_params": 2.0, "wl_layers": 64.0, "wl_log2_hidden": 3.0,
+    "wl_log2_heads": 3.0, "wl_log2_seq": 4.0, "wl_log2_gbs": 5.0, "wl_log2_experts": 7.0,
+    "wl_top_k": 8.0, "hw_log2_mem_bytes": 2.0, "hw_log2_devices": 7.0, "hw_log2_nodes": 6.0,
+    "hw_log10_flops": 1.5,
+}
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,9 @@ class PeakMemoryModel(BaseEstimator):
     monotone: per-column sign (+1, -1, 0) that the coefficient should have (physics);
         None: no constraint. :meth:`from_priors` fills it from ``MEMORY_MONOTONE``.
     capacity: default capacity for :meth:`p_oom` (same unit as the fitted memory).
+    prior_intercept: log peak memory at ``X = 0`` that another fit stated (experience), for
+        the fits that cannot place it themselves: with no observed peak, only OOMs, it is
+        raised as far as those OOMs demand, never lowered.
     encoder: the :class:`FeatureEncoder` behind X, so :meth:`memory_prices` can name knobs.
     """
 
@@ -90,6 +93,7 @@ class PeakMemoryModel(BaseEstimator):
         monotone=None,
         monotone_strength: float = 1e4,
         capacity: float | None = None,
+        prior_intercept: float | None = None,
         param_uncertainty: bool = True,
         auto_max_rows: int = 2000,
         min_spread: float = MIN_SPREAD,
@@ -103,6 +107,7 @@ class PeakMemoryModel(BaseEstimator):
         self.monotone = monotone
         self.monotone_strength = monotone_strength
         self.capacity = capacity
+        self.prior_intercept = prior_intercept
         self.param_uncertainty = param_uncertainty
         self.auto_max_rows = auto_max_rows
         self.min_spread = min_spread
@@ -159,7 +164,7 @@ class PeakMemoryModel(BaseEstimator):
     def _fit_lifelines(self, X, t, observed, m, s, sign, rng) -> None:
         const = X.std(axis=0) < 1e-9
         cols = np.flatnonzero(~const)
-        args = (m[cols], s[cols], sign[cols], self.monotone_strength)
+        args = (m[cols], s[cols], sign[cols], self.monotone_strength, self.min_spread)
         dist, warm = self.distribution, None
         if dist == "auto":
             # AIC on the identical penalized likelihood, computed in numpy (both families at
@@ -202,6 +207,10 @@ class PeakMemoryModel(BaseEstimator):
             b0 = float(np.mean(logm[observed] - X[observed] @ m)) - self.log_scale_
         elif len(logm):  # only censored rows: put the median 50% above the capacities seen
             b0 = float(np.mean(logm - X @ m)) + np.log(1.5) - self.log_scale_
+            if self.prior_intercept is not None:
+                b0 = max(b0, float(self.prior_intercept) - self.log_scale_)
+        elif self.prior_intercept is not None:
+            b0 = float(self.prior_intercept) - self.log_scale_
         elif self.capacity:  # nothing at all: half the capacity, wide
             b0 = float(np.log(self.capacity * 0.5)) - self.log_scale_
         else:

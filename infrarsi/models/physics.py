@@ -132,6 +132,12 @@ PHYSICS_PRIORS: dict[tuple[str, str], tuple[float, float]] = {
     ("time", "phys_log2_mem_gib"): (0.0, 0.1),
     ("memory", "phys_log_bubble"): (0.0, 0.1),
 }
+# With the memory estimate a column, what the workload and hardware columns may still add to log
+# peak memory across the whole span of each (CONTEXT_SPANS): the napkin carries model size and
+# device count, so little is left (the napkin's misfit across the playbook's 28 workloads).
+# Without it, an unseen workload's 80 layers against experience's 32 put 48 prior-std units of
+# doubt on every prediction, and P(OOM) sat at 0.5 for a config predicted at 15x the device.
+CONTEXT_MEMORY_STD = 0.1
 # Knobs whose first-order memory effect the estimate already carries: with the estimate in the
 # model, their own memory column fits only what the napkin misses (prior mean 0, same std).
 MEMORY_ESTIMATED_KNOBS = frozenset(

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from infrarsi.models.encoding import FeatureEncoder
-from infrarsi.models.physics import MEMORY_ESTIMATED_KNOBS, PHYSICS_PRIORS
+from infrarsi.models.encoding import CONTEXT_SPANS, FeatureEncoder
+from infrarsi.models.physics import CONTEXT_MEMORY_STD, MEMORY_ESTIMATED_KNOBS, PHYSICS_PRIORS
 
 # Physics that holds for every dense transformer we train: the sign of a knob's effect on peak
 # memory per device (+1: a larger value / non-default setting never uses less; -1: never more).
@@ -95,7 +95,9 @@ def coef_prior(
     the memory estimate is a column, the built-in expert rules' memory effects of the knobs it
     accounts for centre on 0 (same std): those rules are a first-order napkin of their own, and
     counting the effect twice would double it. Priors from elsewhere (the bank's measured
-    effects, an LLM) are kept as stated: they may know what the napkin misses.
+    effects, an LLM) are kept as stated: they may know what the napkin misses. The workload
+    and hardware columns, whose size effects the estimate carries, then take a tight prior
+    around 0 (:data:`~infrarsi.models.physics.CONTEXT_MEMORY_STD` per span of each).
     """
     encoder._check_fitted()
     physics = {c.name: j for j, c in enumerate(encoder.columns_) if c.kind == "physics"}
@@ -117,6 +119,10 @@ def coef_prior(
             wsum[j] += w * eff / delta[j]
     mean = np.where(prec > 0, wsum / np.maximum(prec, 1e-300), 0.0)
     std = np.where(prec > 0, 1.0 / np.sqrt(np.maximum(prec, 1e-300)), default_std)
+    if estimated:
+        for j, c in enumerate(encoder.columns_):
+            if c.kind in ("workload", "hardware") and c.name in CONTEXT_SPANS:
+                mean[j], std[j] = 0.0, CONTEXT_MEMORY_STD / CONTEXT_SPANS[c.name]
     for name, j in physics.items():
         if (target, name) in PHYSICS_PRIORS:
             mean[j], std[j] = PHYSICS_PRIORS[target, name]

@@ -350,10 +350,11 @@ class SearchEngine:
         p_oom, med = np.zeros(len(self.pool)), None
         mem_rows = [r for r in records if r.memory_observation is not None]
         capacity = float(self.hardware.memory_bytes or 0)
-        own_peak = any(r.memory_observation[1] for r in mem_rows)
-        if capacity and exp is not None and exp.memory_model is not None and not own_peak:
-            p_oom, med = exp.p_oom, exp.mem_median  # nothing of our own to correct it with yet
-        elif capacity and mem_rows:
+        # Own OOMs count from the first: with experience's slopes and location as the prior, an
+        # OOM raises the location where experience put it too low (see PeakMemoryModel's
+        # prior_intercept). Ignoring them until a peak is observed spent 12 of 20 trials on
+        # OOMs when experience came from smaller models.
+        if capacity and mem_rows:
             mm = self._memory_model_for(exp)
             mm.fit(*self.encoder.memory_dataset(mem_rows))
             if not getattr(mm, "fallen_back_", False):
@@ -386,7 +387,9 @@ class SearchEngine:
             coef, cov = exp.memory_model.coef_posterior()
             std = TRANSFER_MEMORY_STD_SCALE * np.sqrt(np.clip(np.diag(cov), 0.0, None)) \
                 + TRANSFER_MEMORY_STD_FLOOR
+            exp_mm = exp.memory_model
             return PeakMemoryModel(prior_mean=coef, prior_std=std,
+                                   prior_intercept=exp_mm.log_scale_ + exp_mm.intercept_,
                                    monotone=monotone_signs(self.encoder),
                                    distribution=exp.memory_model.dist_, encoder=self.encoder,
                                    random_state=self.seed)
