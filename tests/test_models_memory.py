@@ -165,6 +165,17 @@ def test_fewer_trials_than_columns_fit_without_falling_back():
         np.testing.assert_allclose(np.log(m.predict(X)), np.log(mem), atol=0.2)
 
 
+def test_one_observed_peak_places_the_prior_only_fit():
+    """Through one measured peak the location is known: the same config at a capacity 1.5x its
+    peak is not a coin flip (it was P(OOM) 0.36 with a spread of 0.5 and location std 1)."""
+    X = np.zeros((1, 3))
+    with pytest.warns(ModelFallbackWarning, match="a single trial"):
+        m = PeakMemoryModel().fit(X, np.array([40.0]), np.ones(1, bool))
+    assert m.p_oom(X, 60.0)[0] < 0.05
+    assert m.predict(X)[0] == pytest.approx(40.0)
+    assert m.p_oom(np.array([[3.0, 0.0, 0.0]]), 60.0)[0] > m.p_oom(X, 60.0)[0]  # slopes unknown
+
+
 def test_only_ooms_raise_a_stated_location_and_never_lower_it():
     X, _, _ = simulate(20, seed=6)
     censored = (np.full(20, CAP), np.zeros(20, bool))
