@@ -117,6 +117,36 @@ def test_state_round_trips_through_json_and_resume_never_repeats():
     assert len(resumed.observations) == 10 and len(set(keys)) == 10
 
 
+def test_neighbours_of_the_best_measured_configs_join_a_sampled_pool(monkeypatch):
+    """A large space's pool is a sample that can miss the best config; once a neighbour of it
+    is measured, the best is a candidate (and a restored engine rebuilds the same pool); not
+    before ``local_from`` of the budget is spent."""
+    from infrarsi.search import _pool
+
+    monkeypatch.setattr(_pool, "MAX_ENUMERATE", 0)  # sample the toy space like a large one
+    b = ToyBackend()
+    best = b.space.normalize({"micro_batch_size": 16, "activation_checkpointing": "full",
+                              "precision": "bf16", "bucket_cap_mb": 25})
+    seed = next(s for s in range(100) if config_key(best) not in
+                {config_key(c) for c in _pool.candidate_pool(b.space, s, 6)})
+    eng = _engine(b, seed=seed, pool_size=6, local_from=0.0)
+    assert config_key(best) not in eng._pool_keys
+    near = {**best, "micro_batch_size": 8, "precision": "fp32"}  # two knobs away
+    eng.observe(b.execute(near, trial_id="n0"), "test")
+    assert eng.suggest("n1") is not None
+    assert config_key(best) in eng._pool_keys
+    resumed = _engine(b, seed=seed, pool_size=6, local_from=0.0)
+    resumed.load_state_dict(json.loads(json.dumps(eng.state_dict())))
+    resumed.suggest("n2")
+    assert set(resumed._pool_keys) == set(eng._pool_keys)
+    runs = _drive(eng, b, 8)
+    assert max(b.objective(r) or 0 for _, r in runs) >= 0.97 * b.best_objective()
+    late = _engine(b, budget=10, seed=seed, pool_size=6, local_from=0.5)
+    late.observe(b.execute(near, trial_id="n0"), "test")
+    late.suggest("n1")
+    assert config_key(best) not in late._pool_keys  # 1 of 10 trials: too early to refine
+
+
 def test_searcher_keeps_last_result_of_crashed_trials_and_records_silent_crashes():
     b = ToyBackend()
     s = InfraRSISearcher(_engine(b))

@@ -61,6 +61,34 @@ def neighbourhood(space: SearchSpace, config: Config) -> list[Config]:
     return out
 
 
+def neighbours(space: SearchSpace, config: Config, max_changes: int = 2) -> list[Config]:
+    """The legal configs that change one to ``max_changes`` knobs of ``config``.
+
+    Two, because a layout move changes two degrees at once (more data parallelism on the same
+    devices means less tensor or pipeline parallelism): one-knob moves of a layout are illegal.
+    """
+    out: dict[str, Config] = {}
+    frontier = [dict(config)]
+    seen = {config_key(config)}
+    for _ in range(max_changes):
+        nxt = []
+        for c in frontier:
+            for k in space.knobs:
+                for v in k.values:
+                    if v == c.get(k.name):
+                        continue
+                    n = space.normalize({**c, k.name: v}, check=False)
+                    key = config_key(n)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    nxt.append(n)
+                    if space.is_legal(n):
+                        out[key] = n
+        frontier = nxt
+    return list(out.values())
+
+
 def maximin(X: np.ndarray, k: int, *, start: int, exclude: set[int] = frozenset()) -> list[int]:
     """Greedy maximin design: ``k`` row indices of ``X`` spread out, beginning at ``start``."""
     if len(X) == 0 or k <= 0:
