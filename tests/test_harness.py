@@ -99,6 +99,27 @@ def test_loss_trace_reproduces_at_fixed_seed_and_falls():
     assert a["loss_trace"][-1] < a["loss_trace"][0]
 
 
+def test_a_wide_model_first_steps_stay_stable(monkeypatch):
+    """AdamW's rate shrinks as 1/width: a 2,048-wide model's loss does not jump at the first
+    step (at a fixed 1e-3 it did, on an H200 10.8 -> 15.7, and bf16 then broke the loss
+    reference); the fixed rate is shown to jump here too, so the check has teeth."""
+    spec = tiny_spec(seq_len=64, gbs=4)
+    d = spec.to_dict()
+    d["workload"]["shape"].update(vocab_size=2048, hidden_size=2048, num_heads=16,
+                                  ffn_hidden_size=2048)
+    d["loss_reference"]["steps"] = 5
+    wide = TaskSpec.from_dict(d)
+    assert mech.learning_rate(2048) == pytest.approx(mech.LEARNING_RATE / 16)
+    assert mech.learning_rate(32) == mech.LEARNING_RATE
+    trace = run(wide)["loss_trace"]
+    print("scaled rate", trace)
+    assert max(trace[1:5]) < trace[0] + 0.15
+    monkeypatch.setattr(mech, "learning_rate", lambda width: mech.LEARNING_RATE)
+    trace = run(wide)["loss_trace"]
+    print("fixed rate", trace)
+    assert max(trace[1:5]) > trace[0] + 0.4
+
+
 def test_data_is_independent_of_workers_and_micro_batch():
     batch = global_batch(7, 3, 8, 16, 100)
     assert torch.equal(batch, global_batch(7, 3, 8, 16, 100))

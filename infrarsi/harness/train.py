@@ -75,7 +75,8 @@ class _Run:
         mech.apply_activation_checkpointing(model, cfg["activation_checkpointing"])
         mech.apply_compile(model, cfg["compile"])
         self.model = mech.wrap_data_parallel(model, cfg, self.device, self.expert_params)
-        self.optimizer = mech.build_optimizer(self.model, cfg["optimizer_impl"])
+        self.optimizer = mech.build_optimizer(
+            self.model, cfg["optimizer_impl"], mech.learning_rate(shape["hidden_size"]))
         return stats
 
     def step(self, index: int, phase=no_phase) -> torch.Tensor:
