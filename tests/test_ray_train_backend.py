@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 from conftest import copy_task, inject_into_dense
 
 from infrarsi.backends.ray_train import RayTrainBackend
 from infrarsi.contract import Contract, init_task, load_task
-from infrarsi.errors import IllegalConfigError
+from infrarsi.errors import ConfigError, IllegalConfigError
 from infrarsi.trial import ErrorKind, TrialStatus
 
 pytestmark = pytest.mark.slow
@@ -96,6 +97,13 @@ def test_init_locks_contract_and_a_drifting_loss_is_rejected(tmp_path, ray_local
     rec = backend.execute(backend.baseline_config())
     assert rec.status is TrialStatus.REJECTED
     assert "loss drifted" in rec.error_message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_cuda_task_on_a_cluster_without_a_gpu_is_refused_with_the_fix(tmp_path, ray_local):
+    spec = load_task(copy_task(tmp_path, **{"hardware.device": "cuda"}))
+    with pytest.raises(ConfigError, match="nor the Ray cluster has a GPU.*hardware.device: cpu"):
+        RayTrainBackend(spec)
 
 
 def test_illegal_config_never_reaches_ray(tmp_path):

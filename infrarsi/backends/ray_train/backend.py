@@ -21,6 +21,7 @@ from infrarsi.backends.ray_train._runner import (
     scaling_kwargs,
 )
 from infrarsi.contract import Contract, TaskSpec
+from infrarsi.errors import ConfigError
 from infrarsi.space import SearchSpace
 from infrarsi.trial import (
     ErrorKind,
@@ -57,21 +58,47 @@ def workload_signature(spec: TaskSpec) -> WorkloadSignature:
 
 
 def hardware_fingerprint(spec: TaskSpec) -> HardwareFingerprint:
+    """The hardware trials run on. On CUDA the GPU's own name ("NVIDIA H200": the bank's
+    transfer across GPU types reads it) and total memory (what an OOM is censored at), unless
+    the spec states them."""
     hw = spec.hardware
     capacity = int((hw.memory_capacity_gib or 0) * GIB)
-    if hw.device == "cuda" and not capacity:
-        import torch
-
-        if torch.cuda.is_available():
-            capacity = torch.cuda.get_device_properties(0).total_memory
+    name = hw.device_name or hw.device
+    if hw.device == "cuda" and not (hw.device_name and capacity):
+        gpu_name, gpu_memory = _gpu_facts()
+        name, capacity = hw.device_name or gpu_name, capacity or gpu_memory
     return HardwareFingerprint(
-        device_name=hw.device_name or hw.device,
+        device_name=name,
         memory_bytes=capacity,
         devices_per_node=hw.max_workers,
         num_nodes=1,
         interconnect=hw.interconnect,
         peak_flops=hw.peak_flops or 0.0,
     )
+
+
+def _gpu_properties() -> tuple[str, int]:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return props.name, int(props.total_memory)
+
+
+def _gpu_facts() -> tuple[str, int]:
+    """(name, total memory) of this process's GPU; without one (a CPU-only head node driving
+    GPU workers), of a GPU the cluster lends a one-GPU Ray task."""
+    import torch
+
+    if torch.cuda.is_available():
+        return _gpu_properties()
+    _ensure_ray()
+    if not ray.cluster_resources().get("GPU"):
+        raise ConfigError(
+            "hardware.device is 'cuda' but neither this process nor the Ray cluster has a GPU "
+            f"(cluster resources: {sorted(ray.cluster_resources())}): connect to a GPU cluster "
+            "(RAY_ADDRESS=...) or set hardware.device: cpu in the task spec")
+    probe = ray.remote(num_gpus=1, num_cpus=0)(_gpu_properties)
+    return tuple(ray.get(probe.remote(), timeout=STARTUP_ALLOWANCE_S))
 
 
 class RayTrainBackend(Backend):
