@@ -229,6 +229,21 @@ def test_nondeterministic_loss_is_refused_with_the_spread(tmp_path):
                    backend=backend, out=lambda s: None)
 
 
+def test_the_run_stage_reads_doctors_baseline_trials_for_its_models(tmp_path):
+    from infrarsi.search._session import RunSession
+
+    spec, contract, run_dir = _locked_contract(tmp_path)
+    good = _ok_record_dict("x", config=contract.baseline_config, loss_trace=[7.6] * 4)
+    url = f"sqlite:///{tmp_path / 'b.sqlite'}"
+    run_doctor(run_dir, repeats=3, bank_url=url, backend=_FakeBackend(spec, [good]),
+               out=lambda s: None)
+    with RunSession.open(run_dir, resume=False, bank_url=url, local_mode=True,
+                         progress=lambda s: None) as session:
+        assert [r.trial_id for r in session.baseline_records] == [
+            "doctor-0", "doctor-1", "doctor-2"]
+        assert all(r.step_time_s == pytest.approx(0.1) for r in session.baseline_records)
+
+
 # ---- end to end -----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_doctor_end_to_end_on_cpu_dense(tmp_path, ray_local):

@@ -200,6 +200,25 @@ def test_crashes_that_share_a_setting_steer_the_search_around_it_instead_of_stop
     assert any(r.ok for r in recs)
 
 
+def test_doctors_baseline_measurements_reach_the_models_but_are_not_trials():
+    """With doctor's repeats the baseline is not a seed trial; its measurements still teach
+    the models what the baseline costs (else a search whose trials all share a setting --
+    compile on, say -- could never see that setting lose to the baseline)."""
+    b = ToyBackend()
+    base = b.baseline_config()
+    doctor = [b.execute(base, trial_id=f"doctor-{i}") for i in range(3)]
+    plain = _engine(b, budget=10, baseline=base)
+    told = _engine(b, budget=10, baseline=base, baseline_records=doctor)
+    i = told._pool_keys[config_key(told.baseline)]  # noqa: SLF001
+    measured = -np.log(np.mean([b.objective(r) for r in doctor]))
+    fit, blind = told._current_fit(), plain._current_fit()  # noqa: SLF001
+    assert abs(fit.mu[i] - measured) < abs(blind.mu[i] - measured)
+    assert abs(fit.mu[i] - measured) < 0.1 and fit.sd[i] < blind.sd[i]
+    assert told.observations == [] and told.best() is None
+    runs = _drive(told, b, 10)
+    assert len(runs) == 10 and all(not s.origin.startswith("doctor") for s, _ in runs)
+
+
 def test_trials_clearly_slower_than_the_best_are_told_to_stop_early_but_never_the_baseline():
     b = ToyBackend(noise=0.02)
     eng = _engine(b, budget=10, baseline=b.baseline_config(), include_baseline=True)

@@ -45,6 +45,8 @@ class RunSession:
         self.run_id = ""
         self.seed = contract.loss_reference.get("seed", 0)
         self.baseline_step_s: float | None = None
+        # doctor's measurements of the locked baseline: the search fits them with its own trials
+        self.baseline_records: list[TrialRecord] = []
         self.mde: float | None = None
         self.patches: list = []  # verified patches searched as knobs (see use_patches)
         self.patch_conflicts: list[tuple[str, str, str]] = []
@@ -136,6 +138,12 @@ class RunSession:
         noise = entry.payload.get("noise", entry.payload)
         self.mde = noise.get("mde")
         self.baseline_step_s = entry.payload.get("baseline_step_s") or noise.get("baseline_step_s")
+        ids = set(entry.payload.get("records") or ())
+        try:
+            self.baseline_records = [r for r in self.bank.trials(run_id=entry.run_id)
+                                     if r.trial_id in ids]
+        except BankError as e:
+            self.progress(f"bank: doctor's baseline trials unreadable ({e}); searching without")
 
     # ---- during the run ---------------------------------------------------------------
     def experience(self) -> list[TrialRecord]:

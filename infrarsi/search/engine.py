@@ -27,7 +27,7 @@ import json
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -204,7 +204,10 @@ class SearchEngine:
     per knob setting; ``objective`` maps a record to the number maximized (default tokens/s);
     ``max_oom_risk`` is the largest predicted P(fail) (an OOM or a crash) the engine spends a
     trial on, shrinking to ``final_oom_risk`` as the budget is spent (see :meth:`oom_risk_cap`);
-    ``include_baseline`` puts the backend's baseline among the seeds; ``pool_size`` is the
+    ``include_baseline`` puts the backend's baseline among the seeds; ``baseline_records`` are
+    measurements of this task made before the search (doctor's baseline repeats): the models
+    fit them with the own trials, as they would the baseline seed trial they replace, but they
+    are not trials of this search (no budget, never "best"); ``pool_size`` is the
     size of the candidate sample of a space too large to enumerate, to which the neighbours of
     the ``local_incumbents`` best measured configs are added once ``local_from`` of the budget
     is spent (see :meth:`_grow_pool`).
@@ -216,7 +219,8 @@ class SearchEngine:
                  objective: Objective | None = None, n_init: int | None = None,
                  max_oom_risk: float = 0.3, final_oom_risk: float = 0.1,
                  baseline: Config | None = None,
-                 include_baseline: bool = False, pool_size: int = 5_000,
+                 include_baseline: bool = False,
+                 baseline_records: Sequence[TrialRecord] = (), pool_size: int = 5_000,
                  local_incumbents: int = LOCAL_INCUMBENTS, local_from: float = LOCAL_FROM,
                  max_experience: int = 400) -> None:
         self.space = space
@@ -232,6 +236,8 @@ class SearchEngine:
         self.final_oom_risk = min(final_oom_risk, max_oom_risk)
         self.baseline = space.normalize(baseline, check=False) if baseline else None
         self.include_baseline = include_baseline
+        self.baseline_records = [replace(r, config=c) for r in baseline_records
+                                 if space.is_legal(c := space.normalize(r.config, check=False))]
         informed = bool(self.experience or self.priors)
         self.n_init = n_init if n_init is not None else max(1, min(3 if informed else 4, budget // 3))
         self._base_pool = candidate_pool(space, seed, pool_size, workload=workload,
@@ -367,7 +373,7 @@ class SearchEngine:
         planned seeds and then acquire, and neither should refit what the other just fitted."""
         n = len(self.observations)
         if self._fit_memo is None or self._fit_memo[0] != n:
-            self._fit_memo = (n, self._fit(self.records))
+            self._fit_memo = (n, self._fit(self.baseline_records + self.records))
         return self._fit_memo[1]
 
     def _fit(self, records: Sequence[TrialRecord]) -> _Fit:

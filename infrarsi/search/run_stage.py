@@ -144,6 +144,7 @@ def _engine(session: RunSession, budget: int, use_experience: bool) -> SearchEng
         seed=session.seed, experience=experience, priors=session.priors(),
         objective=backend.objective, baseline=backend.baseline_config(),
         include_baseline=session.baseline_step_s is None,
+        baseline_records=session.baseline_records,
     )
 
 
