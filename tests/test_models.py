@@ -61,8 +61,12 @@ def test_encoder_columns_follow_knob_declarations():
     assert X[0, 5] == 1.0
     np.testing.assert_allclose(X[0, 6:15], WL.vector())
     np.testing.assert_allclose(X[0, 15:19], HW.vector())
-    # then the napkin physics of this config on WL: its memory estimate, no pipeline
-    assert list(enc.feature_names_out_[19:]) == ["phys_log2_mem_gib", "phys_log_bubble"]
+    # then the napkin physics of this config on WL and HW: its memory estimate, no pipeline,
+    # its communication over compute
+    assert list(enc.feature_names_out_[19:]) == ["phys_log2_mem_gib", "phys_log_bubble",
+                                                 "phys_log_comm"]
+    assert np.isfinite(X[0, 21]) and X[0, 21] >= 0.0
+    assert np.isnan(enc.transform([{}], WL, None)[0, 21])  # no hardware: no link to judge
     heavy = enc.transform([{"micro_batch_size": 8}], WL, HW)[0, 19]
     light = enc.transform([{"micro_batch_size": 1, "activation_checkpointing": "full",
                             "zero": 1}], WL, HW)[0, 19]
@@ -274,6 +278,30 @@ def test_physics_estimates_follow_the_textbook_layouts():
     assert pipeline_bubble({**pipe, "pipeline_schedule": "interleaved_1f1b",
                             "num_virtual_pipeline_stages": 2}, wl) == pytest.approx(3 / 64)
     assert pipeline_bubble(base, wl) == 0.0
+
+
+def test_communication_estimate_knows_which_groups_leave_the_node():
+    from infrarsi.models.physics import communication_ratio
+
+    wl = WorkloadSignature("dense", 8_000_000_000, 32, 4096, 32, 4096, 256, vocab_size=128_256)
+    four = HardwareFingerprint("H100-80GB", 80 * 2**30, 8, num_nodes=4,
+                               interconnect="nvlink+infiniband", peak_flops=989e12)
+    one = HardwareFingerprint("H100-80GB", 80 * 2**30, 8, num_nodes=1, interconnect="nvlink",
+                              peak_flops=989e12)
+
+    def ratio(hw, **knobs):
+        return communication_ratio({"micro_batch_size": 1, "zero_stage": 1, **knobs}, wl, hw)
+
+    # tensor parallel inside a node is cheap; 16-way spans two nodes and moves at the NIC rate
+    assert ratio(four, tp=16, dp=2) > 5 * ratio(four, tp=8, dp=4)
+    # ZeRO-3 gathers the weights every micro-batch: far more traffic than a ZeRO-1 step
+    assert ratio(four, dp=32, zero_stage=3) > 10 * ratio(four, dp=32)
+    # the same layout inside one node's NVLink costs less than across nodes' NICs
+    assert ratio(one, dp=8) < ratio(four, dp=8, tp=1, pp=4) * 8
+    assert ratio(one, dp=8) < ratio(HardwareFingerprint("H100-80GB", 80 * 2**30, 8, 2,
+                                                        "nvlink+infiniband", 989e12), dp=16)
+    # a single device communicates nothing
+    assert ratio(one, dp=1) == 0.0
 
 
 def test_physics_columns_carry_their_priors_and_the_expert_rules_are_not_counted_twice():

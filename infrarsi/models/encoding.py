@@ -12,9 +12,9 @@ setting's effect relative to the default (what a :class:`~infrarsi.models.KnobPr
 * an inactive knob is read at its default (the space's ``normalize`` already does that).
 
 Then, optionally, :meth:`WorkloadSignature.vector` and :meth:`HardwareFingerprint.vector`,
-and the napkin physics of the config on its workload (:mod:`infrarsi.models.physics`: log2 of
-the per-device memory estimate, the pipeline bubble) -- the sums and ratios of knobs that a
-log-linear model of the knob columns alone cannot express.
+and the napkin physics of the config on its workload and hardware (:mod:`infrarsi.models.physics`:
+log2 of the per-device memory estimate, the pipeline bubble, communication over compute) --
+the sums and ratios of knobs that a log-linear model of the knob columns alone cannot express.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class FeatureEncoder:
             X[:, j : j + len(HARDWARE_FEATURES)] = _context_block(hardwares, n, len(HARDWARE_FEATURES))
             j += len(HARDWARE_FEATURES)
         if self._with_physics:
-            X[:, j : j + len(PHYSICS_FEATURES)] = _physics_block(configs, workloads)
+            X[:, j : j + len(PHYSICS_FEATURES)] = _physics_block(configs, workloads, hardwares)
         return X
 
     def fit_transform(self, configs, workloads=None, hardwares=None) -> np.ndarray:
@@ -209,17 +209,23 @@ class FeatureEncoder:
         return [(k.name, v) for k in self.space.knobs for v in k.values if v != k.default]
 
 
-def _physics_block(configs: Sequence[Mapping[str, Any]], workloads: Any) -> np.ndarray:
+def _physics_block(configs: Sequence[Mapping[str, Any]], workloads: Any,
+                   hardwares: Any) -> np.ndarray:
     n = len(configs)
-    per_row = workloads if workloads is not None and not hasattr(workloads, "vector") else None
+
+    def rows(objs: Any) -> Sequence[Any] | None:  # None: one object (or none) for every row
+        return objs if objs is not None and not hasattr(objs, "vector") else None
+
+    per_w, per_h = rows(workloads), rows(hardwares)
     out = np.empty((n, len(PHYSICS_FEATURES)))
-    cache: dict[tuple[int, str], list[float]] = {}
+    cache: dict[tuple[int, int, str], list[float]] = {}
     for i, cfg in enumerate(configs):
-        w = per_row[i] if per_row is not None else workloads
-        key = (id(w), repr(sorted(cfg.items())))
+        w = per_w[i] if per_w is not None else workloads
+        h = per_h[i] if per_h is not None else hardwares
+        key = (id(w), id(h), repr(sorted(cfg.items())))
         v = cache.get(key)
         if v is None:
-            v = cache[key] = physics_vector(cfg, w)
+            v = cache[key] = physics_vector(cfg, w, h)
         out[i] = v
     return out
 

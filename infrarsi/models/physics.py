@@ -1,4 +1,5 @@
-"""Napkin physics of a config: per-device memory and pipeline bubble, from its parallel layout.
+"""Napkin physics of a config: per-device memory, pipeline bubble and communication, from its
+parallel layout.
 
 A log-linear model of knob columns cannot express *sums*: peak memory is model states plus
 activations plus logits, and whether ZeRO-3 or a bigger micro-batch matters depends on which
@@ -21,7 +22,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from infrarsi.trial import WorkloadSignature
+from infrarsi.trial import HardwareFingerprint, WorkloadSignature
 
 ROLES: dict[str, tuple[str, ...]] = {
     "dp": ("data_parallel_degree", "dp", "num_workers"),
@@ -109,15 +110,104 @@ def pipeline_bubble(config: Mapping[str, Any], workload: WorkloadSignature) -> f
     return (c["pp"] - 1) / (max(v, 1) * n_micro)
 
 
-def physics_vector(config: Mapping[str, Any], workload: WorkloadSignature | None) -> list[float]:
-    """``[log2 memory estimate in GiB, log(1 + pipeline bubble)]``, NaN without a workload."""
+# Nominal bytes/s per device of each link class (per direction, what a ring collective sees
+# after protocol overheads: about half the datasheet figure). Only the ratios between link
+# classes and against compute matter much -- the time model fits the column's coefficient.
+_LINK_BW = {"nvlink": 200e9, "nvswitch": 200e9, "xgmi": 150e9, "infiniband": 25e9, "roce": 25e9,
+            "efa": 20e9, "ethernet": 3e9, "loopback": 5e9, "none": 5e9}
+# Compute at a nominal 40% of the device's peak (a well-tuned dense step); a device whose peak is
+# unknown is taken as 1 TFLOP/s.
+_NOMINAL_MFU, _UNKNOWN_PEAK = 0.4, 1e12
+
+
+def _links(hardware: HardwareFingerprint) -> tuple[float, float]:
+    """(intra-node, inter-node) bytes/s per device from ``interconnect`` ("nvlink+infiniband",
+    "nvlink", "ethernet", ...): the first known name is the node's, the last the cluster's."""
+    names = [n.strip().lower() for n in str(hardware.interconnect).replace(",", "+").split("+")]
+    known = [_LINK_BW[n] for n in names if n in _LINK_BW] or [_LINK_BW["none"]]
+    return known[0], known[-1] if hardware.num_nodes > 1 else known[0]
+
+
+def communication_ratio(config: Mapping[str, Any], workload: WorkloadSignature,
+                        hardware: HardwareFingerprint) -> float:
+    """Seconds of communication per step over seconds of compute, both textbook estimates.
+
+    Ranks are placed tensor-parallel innermost, then context, data, pipeline outermost
+    (Megatron's order), so a group of ``size`` ranks at stride ``inner`` leaves the node when
+    ``inner * size`` exceeds the node's devices; it then moves at the inter-node rate. Bytes
+    per step: tensor parallel, 4 ring all-reduces of a micro-batch's activations per layer
+    (6 under full recompute); context parallel, the K/V ring (3 passes); expert parallel, 4
+    all-to-alls of the routed tokens per MoE layer (6 under full recompute); data parallel,
+    a gradient all-reduce per step (ZeRO 0-2) or weight all-gathers and gradient
+    reduce-scatters every micro-batch (ZeRO-3); pipeline, an activation and a gradient per
+    micro-batch. Nothing is assumed hidden: what overlap hides, its own knob column fits.
+    Compute: ``6 * active params * tokens`` (8 under full recompute) per device at a
+    nominal 40% of peak.
+    """
+    c = layout(config)
+    tp, pp, cp, dp, ep, mbs = c["tp"], c["pp"], c["cp"], c["dp"], c["ep"], c["mbs"]
+    h, layers = max(workload.hidden_size, 1), max(workload.num_layers, 1)
+    vocab = max(workload.vocab_size, 1)
+    total = float(max(workload.num_params, 1))
+    dense = total
+    moe = bool(workload.num_experts and workload.model_family == "moe")
+    if moe:
+        dense = min(total, layers * 4.0 * h * h + 2.0 * vocab * h)
+    experts = total - dense
+    active = dense + (experts * workload.top_k / workload.num_experts if moe else 0.0)
+    per_node = max(hardware.devices_per_node, 1)
+    intra, inter = _links(hardware)
+
+    def bw(inner: int, size: int) -> float:
+        return inter if inner * size > per_node else intra
+
+    full = c["ac"] == "full"
+    tokens_mb = mbs * max(workload.seq_len, 1) / cp
+    n_micro = max(1, workload.global_batch_size // max(dp * mbs, 1))
+    stage_layers = layers / pp
+    act = tokens_mb * h * 2.0  # one micro-batch's bf16 activations, whole width
+    secs = 0.0
+    if tp > 1:
+        per_op = 2.0 * (tp - 1) / tp * act
+        secs += n_micro * stage_layers * (6 if full else 4) * per_op / bw(1, tp)
+    if cp > 1:
+        secs += n_micro * stage_layers * 3 * (cp - 1) * 2 * act / tp / bw(tp, cp)
+    if moe and ep > 1:
+        routed = act * workload.top_k * (ep - 1) / ep / tp
+        secs += n_micro * stage_layers * (6 if full else 4) * routed / bw(tp, ep)
+    d = dp * cp
+    # (params per device, sync group size, its stride): experts sync over dp * cp / ep
+    for n, group, inner in ((dense / (tp * pp), d, tp),
+                            (experts / (tp * pp * ep), max(d // ep, 1), tp * ep)):
+        if n <= 0 or group <= 1:
+            continue
+        frac = (group - 1) / group
+        link = bw(inner, group)
+        if c["zero"] >= 3:
+            secs += n_micro * ((3 if full else 2) + 1) * frac * 2.0 * n / link
+        else:
+            secs += 2.0 * frac * 2.0 * n / link
+    if pp > 1:
+        secs += n_micro * 2 * act / tp / bw(tp * cp * dp, pp)
+    world = tp * pp * cp * dp
+    flops = (8.0 if full else 6.0) * active * workload.tokens_per_step / world
+    peak = hardware.peak_flops if hardware.peak_flops > 0 else _UNKNOWN_PEAK
+    return secs / (flops / (peak * _NOMINAL_MFU))
+
+
+def physics_vector(config: Mapping[str, Any], workload: WorkloadSignature | None,
+                   hardware: HardwareFingerprint | None = None) -> list[float]:
+    """``[log2 memory estimate in GiB, log(1 + pipeline bubble), log(1 + communication
+    ratio)]``; NaN without a workload (the last without a hardware fingerprint)."""
     if workload is None:
-        return [math.nan, math.nan]
+        return [math.nan, math.nan, math.nan]
     mem = memory_estimate_bytes(config, workload)
-    return [math.log2(max(mem, 1.0) / 2**30), math.log1p(pipeline_bubble(config, workload))]
+    comm = (math.log1p(communication_ratio(config, workload, hardware))
+            if hardware is not None else math.nan)
+    return [math.log2(max(mem, 1.0) / 2**30), math.log1p(pipeline_bubble(config, workload)), comm]
 
 
-PHYSICS_FEATURES = ("phys_log2_mem_gib", "phys_log_bubble")
+PHYSICS_FEATURES = ("phys_log2_mem_gib", "phys_log_bubble", "phys_log_comm")
 
 # What the physics says about each column's coefficient, (mean, std), per model target: peak
 # memory proportional to the estimate (log_e peak per log2 estimate = ln 2), step time
@@ -131,6 +221,8 @@ PHYSICS_PRIORS: dict[tuple[str, str], tuple[float, float]] = {
     ("time", "phys_log_bubble"): (1.0, 0.3),
     ("time", "phys_log2_mem_gib"): (0.0, 0.1),
     ("memory", "phys_log_bubble"): (0.0, 0.1),
+    ("time", "phys_log_comm"): (1.0, 0.5),
+    ("memory", "phys_log_comm"): (0.0, 0.1),
 }
 # With the memory estimate a column, what the workload and hardware columns may still add to log
 # peak memory across the whole span of each (CONTEXT_SPANS): the napkin carries model size and
