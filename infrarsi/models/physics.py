@@ -190,7 +190,8 @@ def communication_ratio(config: Mapping[str, Any], workload: WorkloadSignature,
     if pp > 1:
         secs += n_micro * 2 * act / tp / bw(tp * cp * dp, pp)
     world = tp * pp * cp * dp
-    flops = (8.0 if full else 6.0) * active * workload.tokens_per_step / world
+    # a signature without a batch or a sequence still gets a finite ratio (never a division by 0)
+    flops = max((8.0 if full else 6.0) * active * workload.tokens_per_step / world, 1.0)
     peak = hardware.peak_flops if hardware.peak_flops > 0 else _UNKNOWN_PEAK
     return secs / (flops / (peak * _NOMINAL_MFU))
 
