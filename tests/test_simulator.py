@@ -121,6 +121,20 @@ def test_noise_is_seeded_and_reproducible():
     assert all(abs(math.log(t / truth)) < 0.15 for t in ra.step_times_s)
 
 
+def test_a_reseeded_trial_does_not_depend_on_what_ran_before():
+    # a benchmark reseeds before each trial: one search's measurements must not change with
+    # the searches that ran the same config on this backend before it
+    cfg = {"zero_stage": 3, "micro_batch_size": 1}
+    fresh, used = SimulatorBackend(DENSE, seed=7), SimulatorBackend(DENSE, seed=7)
+    for _ in range(3):
+        used.execute(cfg)
+    fresh.reseed(42)
+    used.reseed(42)
+    assert fresh.execute(cfg).step_times_s == used.execute(cfg).step_times_s
+    used.reseed(43)
+    assert used.execute(cfg).step_times_s != fresh.execute(cfg).step_times_s
+
+
 def test_known_compile_failures(dense):
     bad = {"zero_stage": 1, "precision": "fp8", "activation_checkpointing": "selective",
            "compile": "default"}

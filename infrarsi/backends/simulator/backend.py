@@ -83,6 +83,14 @@ class SimulatorBackend(Backend):
                                   global_batch_size=workload.global_batch_size,
                                   baseline=workload.baseline, restrict=workload.restrict)
         self._runs: Counter[str] = Counter()
+        self._trial_seed: int | None = None
+
+    def reseed(self, seed: int | None) -> None:
+        """Draw the next trials' noise from ``seed`` alone (with the config), not from how many
+        times each config ran before: a benchmark reseeds before every trial, so a search's
+        measurements do not depend on which searches ran on this backend earlier. ``None``
+        restores the default (noise by the config's run count)."""
+        self._trial_seed = None if seed is None else int(seed)
 
     # ---- construction -----------------------------------------------------------------
     @classmethod
@@ -159,7 +167,8 @@ class SimulatorBackend(Backend):
         out = self.simulate(c)
         key = config_key(c)
         self._runs[key] += 1
-        rng = self._rng(key, self._runs[key])
+        rng = (self._rng(key, self._runs[key]) if self._trial_seed is None
+               else self._rng(f"{key}|trial-seed={self._trial_seed}", 0))
         p, n = self.params, self._cluster.num_devices
         startup = p.startup_s * rng.lognormal(0.0, 0.1) + (p.compile_s if c["compile"] != "off" else 0.0)
         common = dict(
