@@ -133,6 +133,9 @@ def test_a_reseeded_trial_does_not_depend_on_what_ran_before():
     assert fresh.execute(cfg).step_times_s == used.execute(cfg).step_times_s
     used.reseed(43)
     assert used.execute(cfg).step_times_s != fresh.execute(cfg).step_times_s
+    # nor the experience records it hands to other workloads' searches
+    assert [r.step_times_s for r in used.records(5)] == [
+        r.step_times_s for r in SimulatorBackend(DENSE, seed=7).records(5)]
 
 
 def test_known_compile_failures(dense):

@@ -83,14 +83,14 @@ class SimulatorBackend(Backend):
                                   global_batch_size=workload.global_batch_size,
                                   baseline=workload.baseline, restrict=workload.restrict)
         self._runs: Counter[str] = Counter()
-        self._trial_seed: int | None = None
+        self._noise_tag: str | None = None  # see reseed
 
     def reseed(self, seed: int | None) -> None:
         """Draw the next trials' noise from ``seed`` alone (with the config), not from how many
         times each config ran before: a benchmark reseeds before every trial, so a search's
         measurements do not depend on which searches ran on this backend earlier. ``None``
         restores the default (noise by the config's run count)."""
-        self._trial_seed = None if seed is None else int(seed)
+        self._noise_tag = None if seed is None else f"trial-seed={int(seed)}"
 
     # ---- construction -----------------------------------------------------------------
     @classmethod
@@ -167,8 +167,8 @@ class SimulatorBackend(Backend):
         out = self.simulate(c)
         key = config_key(c)
         self._runs[key] += 1
-        rng = (self._rng(key, self._runs[key]) if self._trial_seed is None
-               else self._rng(f"{key}|trial-seed={self._trial_seed}", 0))
+        rng = (self._rng(key, self._runs[key]) if self._noise_tag is None
+               else self._rng(f"{key}|{self._noise_tag}", 0))
         p, n = self.params, self._cluster.num_devices
         startup = p.startup_s * rng.lognormal(0.0, 0.1) + (p.compile_s if c["compile"] != "off" else 0.0)
         common = dict(
@@ -229,8 +229,13 @@ class SimulatorBackend(Backend):
         as trials, failures and OOMs included, as a bank would hold them."""
         if not hasattr(self, "_records"):
             sample = self._space.sample(n, random.Random(f"experience|{self._wl.name}|{self.seed}"))
-            self._records = [self.execute(c, trial_id=f"exp-{self._wl.name}-{i}")
-                             for i, c in enumerate(sample)]
+            saved, self._records = self._noise_tag, []
+            try:  # each record's noise by its index alone: the same whatever ran before
+                for i, c in enumerate(sample):
+                    self._noise_tag = f"experience-{i}"
+                    self._records.append(self.execute(c, trial_id=f"exp-{self._wl.name}-{i}"))
+            finally:
+                self._noise_tag = saved
         return self._records
 
     # ---- helpers ------------------------------------------------------------------------
