@@ -280,6 +280,32 @@ def test_physics_estimates_follow_the_textbook_layouts():
     assert pipeline_bubble(base, wl) == 0.0
 
 
+def test_a_mixture_of_experts_stores_its_mlp_activations_once_per_routed_expert():
+    from infrarsi.models.physics import memory_estimate_bytes
+
+    # Mixtral-like: 8 experts of width 14336 per layer, 2 per token
+    def moe(top_k):
+        return WorkloadSignature("moe", 46_700_000_000, 32, 4096, 32, 4096, 256, num_experts=8,
+                                 top_k=top_k, vocab_size=32_000)
+
+    lay = {"data_parallel_degree": 32, "expert_parallel_degree": 8, "micro_batch_size": 4,
+           "zero_stage": 1}
+
+    def acts(wl, ac):  # what recompute saves is activations only: states cancel
+        return (memory_estimate_bytes({**lay, "activation_checkpointing": ac}, wl)
+                - memory_estimate_bytes({**lay, "activation_checkpointing": "full"}, wl))
+
+    # each routed copy holds an expert's input and three SwiGLU intermediates: two experts per
+    # token store about twice the MLP activations of one (attention's share is the same)
+    assert acts(moe(2), "none") > 1.6 * acts(moe(1), "none")
+    # and far more than the dense table's 34 h per token says
+    dense = WorkloadSignature("dense", 46_700_000_000, 32, 4096, 32, 4096, 256,
+                              vocab_size=32_000)
+    assert acts(moe(2), "none") > 1.5 * acts(dense, "none")
+    # selective keeps about half of them (the mean of none and full)
+    assert acts(moe(2), "selective") == pytest.approx(0.5 * acts(moe(2), "none"), rel=0.1)
+
+
 def test_communication_estimate_knows_which_groups_leave_the_node():
     from infrarsi.models.physics import communication_ratio
 

@@ -374,6 +374,43 @@ def test_the_oom_risk_a_trial_may_carry_shrinks_as_the_budget_is_spent():
     assert all(a >= c for a, c in zip(caps, caps[1:], strict=False))
 
 
+def _staged_fit(eng: SearchEngine, fast: int):
+    """A fit where pool config ``fast`` promises 2x the best measured at P(OOM) 0.5 and every
+    other candidate promises nothing and fits."""
+    from infrarsi.search.engine import _Fit
+
+    n = len(eng.pool)
+    mu, p_oom = np.zeros(n), np.zeros(n)
+    mu[fast], p_oom[fast] = -np.log(2.0), 0.5
+    return _Fit(mu, np.full(n, 0.05), p_oom, None, np.zeros(n))
+
+
+@pytest.mark.parametrize("trials, fails, risky", [(14, 0, True), (13, 0, False), (14, 3, False)])
+def test_late_a_large_gain_is_worth_one_risky_trial_while_failures_leave_room(trials, fails,
+                                                                             risky):
+    b = ToyBackend()
+    eng = _engine(b, budget=20, n_init=0)
+    fast = eng._pool_keys[config_key(eng.space.normalize(
+        {"micro_batch_size": 16, "activation_checkpointing": "none", "precision": "bf16",
+         "bucket_cap_mb": 25}))]
+    others = [c for j, c in enumerate(eng.pool) if j != fast]
+    for i in range(trials):  # measured ok at objective 1.0 (log 0 = the staged mu), or OOM
+        rec = TrialRecord(trial_id=f"t{i}", config=others[i], backend="toy", status=TrialStatus.OK,
+                          step_times_s=(1.0,), tokens_per_step=1, workload=b.workload,
+                          hardware=b.hardware)
+        if i < fails:
+            rec = TrialRecord(trial_id=f"t{i}", config=others[i], backend="toy",
+                              status=TrialStatus.OOM, workload=b.workload, hardware=b.hardware,
+                              memory_censor_bytes=CAPACITY)
+        eng.observations.append({"record": rec.to_dict(), "origin": "test"})
+    eng.seeds_planned = True
+    eng._current_fit = lambda: _staged_fit(eng, fast)
+    sug = eng.suggest("next")
+    assert eng.oom_risk_cap() < 0.5  # the fast config is over the cap either way
+    assert (sug.origin == "model:risky") is risky
+    assert (config_key(sug.config) == config_key(eng.pool[fast])) is risky
+
+
 def _trio(c) -> bool:  # the simulator's compile failure: float8 inside selective checkpointing
     return (c["compile"] != "off" and c["precision"] == "fp8"
             and c["activation_checkpointing"] == "selective")

@@ -44,9 +44,12 @@ _DEFAULTS: dict[str, Any] = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "mbs":
 # weights and two moments; an fp8 recipe adds a one-byte weight cache.
 _WEIGHT, _GRAD, _OPTIM, _FP8_CACHE = 2.0, 2.0, 12.0, 1.0
 # Activation bytes per token per layer, in units of hidden size, stored per tensor-parallel
-# rank: no recompute (Korthikanti's 34 sbh without the s^2 term), selective (the attention
-# core and MLP intermediates recomputed), full (each layer's input only).
+# rank: no recompute (Korthikanti's 34 sbh without the s^2 term: 15 for attention and layer
+# norms, 19 for a 4h MLP), selective (half of those: the mean of none and full, which is what
+# checkpointing every second block stores, and near what recomputing the attention core and one
+# MLP intermediate saves), full (each layer's input only).
 _ACT_PER_TOKEN = {"none": 34.0, "selective": 18.0, "full": 2.0}
+_ATTN_PER_TOKEN, _DENSE_MLP_PER_TOKEN = 15.0, 19.0
 
 
 def layout(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,18 +89,40 @@ def memory_estimate_bytes(config: Mapping[str, Any], workload: WorkloadSignature
         # attention + embeddings are dense; the rest are experts, sharded over ep as well
         dense = min(total, layers * 4.0 * h * h + 2.0 * vocab * h)
     experts = total - dense
+    act = _act_per_token(workload, experts)
     fp8 = c["precision"] == "fp8"
     states = _states_bytes(dense / (tp * pp), dp * cp, c["zero"], fp8)
     states += _states_bytes(experts / (tp * pp * ep), max(dp * cp // ep, 1), c["zero"], fp8)
     tokens = c["mbs"] * max(workload.seq_len, 1) / cp
     n_micro = max(1, workload.global_batch_size // max(dp * c["mbs"], 1))
     in_flight = min(pp, n_micro)  # 1F1B: the first stage holds up to pp micro-batches
-    per_layer = tokens * _ACT_PER_TOKEN[c["ac"]] * h / tp
+    per_layer = tokens * act[c["ac"]] * h / tp
     acts = per_layer * layers / pp * in_flight
     if c["ac"] == "full":  # one layer recomputed at a time holds its full activations
-        acts += tokens * _ACT_PER_TOKEN["none"] * h / tp
+        acts += tokens * act["none"] * h / tp
     logits = tokens * vocab * 4.0 / tp
     return states + acts + logits
+
+
+def _act_per_token(workload: WorkloadSignature, expert_params: float) -> dict[str, float]:
+    """Activation bytes per token per layer (units of hidden size) for each recompute mode.
+
+    A dense model's are the table's ``_ACT_PER_TOKEN``. In a mixture of experts every token's MLP
+    activations are stored once per expert it is routed to: ``top_k`` copies of a SwiGLU expert's
+    input and three intermediates (2 + 6 f/h bytes per token, Korthikanti's accounting), with the
+    expert width ``f`` read off the parameter count (an expert holds 3 h f weights). Measured on
+    the simulator's Mixtral-like workload, the dense table's 34 put a selective-recompute config
+    that needs 1.4-1.9x the device's memory at 0.45x, and the memory model (whose prior slopes are
+    the physics') never learned from its OOMs that selective recompute does not fit there.
+    """
+    h, layers = max(workload.hidden_size, 1), max(workload.num_layers, 1)
+    if not (workload.model_family == "moe" and workload.num_experts and workload.top_k
+            and expert_params > 0):
+        return _ACT_PER_TOKEN
+    ffn = expert_params / (layers * workload.num_experts * 3.0 * h)
+    none = _ATTN_PER_TOKEN + workload.top_k * (2.0 + 6.0 * ffn / h)
+    full = _ACT_PER_TOKEN["full"]
+    return {"none": none, "selective": (none + full) / 2.0, "full": full}
 
 
 def pipeline_bubble(config: Mapping[str, Any], workload: WorkloadSignature) -> float:
