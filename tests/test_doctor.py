@@ -16,6 +16,7 @@ from infrarsi.doctor import (
     bottleneck_findings,
     fractions,
     loss_spread,
+    mde_at_pairs,
     mde_for,
     noise_model,
     required_steps,
@@ -117,6 +118,20 @@ def test_noise_model_recovers_known_noise():
     assert n["mde"] == pytest.approx(mde_for(n["sigma_between"], n["within_cv"], steps, 3), rel=1e-9)
     assert n["too_noisy"] and n["required_measured_steps"] is None  # sigma_b alone is too big
     assert n["required_pairs"] is not None and "--pairs" in n["advice"]
+
+
+def test_the_mde_at_doctors_advised_pairs_meets_the_target():
+    """The verifier's bar for N pairs comes from the noise components, so the advice
+    "verify with --pairs N" really brings the bar down to the target."""
+    rng = random.Random(2)
+    series = [[0.2 * math.exp(rng.gauss(0, 0.08)) for _ in range(5)] for _ in range(3)]
+    n = noise_model(series, pairs=3, target_mde=0.05)
+    assert n["too_noisy"] and f"--pairs {n['required_pairs']}" in n["advice"]
+    assert mde_at_pairs(n, 3) == pytest.approx(n["mde"], rel=1e-12)
+    assert mde_at_pairs(n, n["required_pairs"]) <= 0.05 < mde_at_pairs(n, n["required_pairs"] - 1)
+    assert mde_at_pairs(n, 6) < mde_at_pairs(n, 4) < n["mde"]
+    # a payload without the components (an older bank) keeps its own figure
+    assert mde_at_pairs({"mde": 0.07}, 10) == 0.07
 
 
 def test_mde_matches_the_verifiers_interval_under_the_null():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from infrarsi.doctor.findings import bottleneck_findings
 from infrarsi.doctor.mfu import compute_mfu, measure_matmul_peak
-from infrarsi.doctor.noise import mde_for, noise_model, required_pairs, required_steps
+from infrarsi.doctor.noise import mde_at_pairs, mde_for, noise_model, required_pairs, required_steps
 from infrarsi.doctor.profile import fractions, summarize_profile
 from infrarsi.doctor.stage import (
     DOCTOR_FILE,
@@ -30,6 +30,7 @@ __all__ = [
     "format_summary",
     "fractions",
     "loss_spread",
+    "mde_at_pairs",
     "mde_for",
     "measure_matmul_peak",
     "noise_model",

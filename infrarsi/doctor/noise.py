@@ -25,7 +25,7 @@ from typing import Any
 
 from scipy import stats
 
-__all__ = ["MEDIAN_EFFICIENCY", "mde_for", "noise_model", "required_pairs", "required_steps"]
+__all__ = ["MEDIAN_EFFICIENCY", "mde_at_pairs", "mde_for", "noise_model", "required_pairs", "required_steps"]
 
 MEDIAN_EFFICIENCY = math.pi / 2  # variance of a normal sample's median / variance of its mean
 MAX_PAIRS = 50
@@ -59,6 +59,18 @@ def mde_for(sigma_b: float, sigma_w: float, steps: int, pairs: int,
         return math.inf  # one pair has no interval (paired_speedup gives [0, inf])
     half = _t(pairs, confidence) * math.sqrt(2) * trial_sigma(sigma_b, sigma_w, steps) / math.sqrt(pairs)
     return math.expm1(half)
+
+
+def mde_at_pairs(noise: dict[str, Any], pairs: int, confidence: float = 0.95) -> float:
+    """The MDE of a :func:`noise_model` payload for a verification of ``pairs`` pairs (the
+    payload's own ``mde`` is for the pairs doctor planned with). A payload without the noise
+    components (older banks) keeps its own figure."""
+    if noise.get("within_cv") is None or not noise.get("measured_steps"):
+        return float(noise["mde"])
+    sigma_b = noise.get("sigma_between")
+    sigma_b = 0.0 if sigma_b is None or math.isnan(sigma_b) else float(sigma_b)
+    return mde_for(sigma_b, float(noise["within_cv"]), int(noise["measured_steps"]), pairs,
+                   confidence)
 
 
 def required_steps(sigma_b: float, sigma_w: float, pairs: int, target: float,

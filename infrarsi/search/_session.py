@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 
 from infrarsi.contract import Contract
+from infrarsi.doctor.noise import mde_at_pairs
 from infrarsi.errors import BankError, InfraRSIError
 from infrarsi.trial import SoftwareVersions, TrialRecord
 
@@ -47,7 +48,7 @@ class RunSession:
         self.baseline_step_s: float | None = None
         # doctor's measurements of the locked baseline: the search fits them with its own trials
         self.baseline_records: list[TrialRecord] = []
-        self.mde: float | None = None
+        self.noise: dict[str, Any] | None = None  # doctor's noise model of the baseline
         self.patches: list = []  # verified patches searched as knobs (see use_patches)
         self.patch_conflicts: list[tuple[str, str, str]] = []
         self._beats: dict[str, Any] = {}
@@ -136,7 +137,7 @@ class RunSession:
         if entry is None:
             return
         noise = entry.payload.get("noise", entry.payload)
-        self.mde = noise.get("mde")
+        self.noise = noise if noise.get("mde") is not None else None
         self.baseline_step_s = entry.payload.get("baseline_step_s") or noise.get("baseline_step_s")
         ids = set(entry.payload.get("records") or ())
         try:
@@ -144,6 +145,12 @@ class RunSession:
                                      if r.trial_id in ids]
         except BankError as e:
             self.progress(f"bank: doctor's baseline trials unreadable ({e}); searching without")
+
+    def noise_floor(self, pairs: int) -> float | None:
+        """The minimum detectable effect of a ``pairs``-pair verification from doctor's noise
+        model (None without a doctor run): following doctor's advice (``--pairs N``) really
+        lowers the bar."""
+        return None if self.noise is None else mde_at_pairs(self.noise, pairs)
 
     # ---- during the run ---------------------------------------------------------------
     def experience(self) -> list[TrialRecord]:

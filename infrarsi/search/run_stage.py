@@ -203,10 +203,14 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
     if not candidates:
         session.progress("verification: no candidate faster than nothing to verify")
         return []
-    mde = session.mde if session.mde is not None else DEFAULT_MDE
-    if session.mde is None:
+    mde = session.noise_floor(pairs)
+    if mde is None:
+        mde = DEFAULT_MDE
         session.progress(f"no doctor noise model for this workload: using a {DEFAULT_MDE:.0%} "
                          "noise floor (run `infrarsi doctor` for a measured one)")
+    else:
+        session.progress(f"noise floor for {pairs} verification pairs (doctor's noise model): "
+                         f"promote when the speedup's 95% lower bound exceeds {1 + mde:.3f}")
     verdicts = []
     for i, cand in enumerate(candidates):
         table.note(f"verifying candidate {i + 1}/{len(candidates)} with {pairs} interleaved pairs")
