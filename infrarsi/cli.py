@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run in this process with ScalingConfig(num_workers=0)")
     s.set_defaults(func=cmd_trial)
 
+    from infrarsi.doctor.noise import DEFAULT_PAIRS
+
     s = sub.add_parser("run", help="search knobs with real trials, then verify and promote")
     s.add_argument("--budget", type=int, required=True,
                    help="search trials to spend (verification comes on top); 12 is a good start on CPU")
@@ -159,8 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue a run whose driver died, from the bank and the searcher state")
     s.add_argument("--verify-top", type=int, default=2,
                    help="how many of the best configs to re-measure against the baseline")
-    s.add_argument("--pairs", type=int, default=3,
-                   help="interleaved baseline/candidate pairs per verification (more: tighter CI)")
+    s.add_argument("--pairs", type=int, default=DEFAULT_PAIRS,
+                   help="interleaved baseline/candidate pairs per verification (more: tighter CI "
+                        "and a lower noise floor); up to twice as many while the verdict is open")
     s.add_argument("--max-concurrent", type=int, default=1,
                    help="trials at once (each is a Ray Train job of its own size)")
     s.add_argument("--bank-url", help="experience bank URL (default: task spec, $INFRARSI_BANK_URL, "

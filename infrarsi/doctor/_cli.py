@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from infrarsi.doctor.noise import DEFAULT_PAIRS
 from infrarsi.search.verify import DEFAULT_MDE
 
 
@@ -22,9 +23,9 @@ def add_doctor_subcommand(sub) -> None:
     s.add_argument("--repeats", type=int, default=3,
                    help="separate baseline trials (between-run noise needs at least 2; 3 is a "
                         "good start, more tightens the noise estimate)")
-    s.add_argument("--pairs", type=int, default=3,
-                   help="interleaved verification pairs the minimum detectable effect is computed "
-                        "for; use the same value as `infrarsi run --pairs`")
+    s.add_argument("--pairs", type=int, default=DEFAULT_PAIRS,
+                   help="interleaved verification pairs the reported minimum detectable effect "
+                        "is for (`infrarsi run --pairs N` recomputes it for its own N)")
     s.add_argument("--target-mde", type=float, default=DEFAULT_MDE,
                    help="the smallest speedup you want to detect (a fraction); doctor warns and "
                         "says how long trials must be when the noise floor is above it")

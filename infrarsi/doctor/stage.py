@@ -24,7 +24,7 @@ from typing import Any
 from infrarsi.contract import Contract, resolve_run_dir
 from infrarsi.doctor.findings import bottleneck_findings
 from infrarsi.doctor.mfu import compute_mfu
-from infrarsi.doctor.noise import noise_model
+from infrarsi.doctor.noise import DEFAULT_PAIRS, noise_model
 from infrarsi.doctor.profile import summarize_profile
 from infrarsi.doctor.table import format_summary
 from infrarsi.errors import BankError, InfraRSIError
@@ -50,7 +50,7 @@ class DoctorResult:
     records: tuple[TrialRecord, ...]
 
 
-def run_doctor(run_dir: str | Path | None = None, *, repeats: int = 3, pairs: int = 3,
+def run_doctor(run_dir: str | Path | None = None, *, repeats: int = 3, pairs: int = DEFAULT_PAIRS,
                target_mde: float = DEFAULT_MDE, bank_url: str | None = None,
                local_mode: bool = False, out: Callable[[str], None] = print,
                backend=None) -> DoctorResult:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi.contract import Contract
+from infrarsi.doctor.noise import DEFAULT_PAIRS
 from infrarsi.errors import InfraRSIError
 from infrarsi.search._patch_stage import prepare_patches, promoted_patches
 from infrarsi.search._progress import Progress
@@ -91,7 +92,7 @@ def _trainable(config: dict[str, Any], *, spec_dict: dict[str, Any], run_dir: st
 
 
 def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: int = 2,
-               pairs: int = 3, max_concurrent: int = 1, local_mode: bool = False,
+               pairs: int = DEFAULT_PAIRS, max_concurrent: int = 1, local_mode: bool = False,
                bank_url: str | None = None, progress: Callable[[str], None] = print,
                use_experience: bool = True, patches: bool = True,
                proposer: Any = None) -> RunOutcome:
