@@ -14,6 +14,7 @@ from infrarsi.contract.spec import TaskSpec
 from infrarsi.harness import CompileFailure, model_stats, train_worker
 from infrarsi.harness import mechanisms as mech
 from infrarsi.harness.data import global_batch, micro_batches
+from infrarsi.harness.train import SETTLE_STEPS
 from infrarsi.workloads import build_torch_space
 
 WORKSPACE = Path(__file__).resolve().parents[1] / "infrarsi" / "workloads" / "reference"
@@ -55,7 +56,8 @@ def test_result_contract():
                       "flops_per_token"}
     assert (r["rank"], r["world_size"]) == (0, 1)
     assert len(r["step_times_s"]) == 2 and all(t > 0 for t in r["step_times_s"])
-    assert len(r["loss_trace"]) == 3  # max(warm-up + measured, loss_reference.steps)
+    # warm-up + the settle step (CPU: after the memory profiler) + measured steps
+    assert len(r["loss_trace"]) == 1 + SETTLE_STEPS + 2
     assert r["tokens_per_step"] == 4 * 32
     assert r["num_params"] == model_stats(spec.to_dict())["num_params"]
     assert r["peak_memory_bytes"] > 4 * r["num_params"]  # params, grads, AdamW state at least
