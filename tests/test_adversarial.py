@@ -8,6 +8,7 @@ import time
 import pytest
 from _patch_specs import WORKSPACE, tiny_spec
 
+from infrarsi.harness.train import SETTLE_STEPS
 from infrarsi.patches import load_catalog, verify_patch
 
 CATALOG = load_catalog()
@@ -35,12 +36,16 @@ def test_catalog_is_complete():
 @pytest.mark.parametrize("entry", CATALOG, ids=[e.patch.id for e in CATALOG])
 def test_catalog_verdict(entry):
     t0 = time.perf_counter()
-    v = verify_patch(entry.patch, workspace=WORKSPACE, spec=tiny_spec(_family(entry)),
+    spec = tiny_spec(_family(entry))
+    v = verify_patch(entry.patch, workspace=WORKSPACE, spec=spec,
                      isolated=entry.patch.id in ISOLATED)
     if entry.expect == "accept":
         assert v.accepted, f"honest patch {entry.patch.id} rejected: {v.rule}: {v.reason}"
         assert v.evidence["probe_max_grad_rel"] <= 1e-5
-        assert v.evidence["train_steps"] == 5
+        # every step the harness runs on CPU is compared: warm-up, settle and measured
+        timing = spec.timing
+        assert v.evidence["train_steps"] == (timing.warmup_steps + SETTLE_STEPS
+                                             + timing.measured_steps)
     else:
         assert not v.accepted, f"gaming patch {entry.patch.id} accepted"
         assert v.rule == entry.expect_rule, f"{entry.patch.id}: {v.rule}: {v.reason}"
