@@ -257,6 +257,12 @@ def test_the_run_stage_reads_doctors_baseline_trials_for_its_models(tmp_path):
         assert [r.trial_id for r in session.baseline_records] == [
             "doctor-0", "doctor-1", "doctor-2"]
         assert all(r.step_time_s == pytest.approx(0.1) for r in session.baseline_records)
+        # the proposers' digest: on CPU doctor measured the matmul speeds the bf16 prior reads
+        mm = session.findings["matmul"]
+        assert mm["fp32_flops"] > 0 and mm["bf16_flops"] > 0
+        assert any("bf16 matmul" in b for b in session.findings["bottlenecks"])
+        prior = next(p for p in session.priors() if p.knob == "precision")
+        assert prior.source == "expert:precision:measured"
 
 
 # ---- end to end -----------------------------------------------------------------------------
@@ -277,6 +283,8 @@ def test_doctor_end_to_end_on_cpu_dense(tmp_path, ray_local):
     assert len(doc["profile"]["per_rank"]) == 2
     assert doc["mfu"]["peak_label"].startswith("CPU measured matmul peak") and 0 < doc["mfu"]["mfu"] < 1
     assert {"kind", "fraction", "message"} <= set(doc["findings"][0])
+    assert doc["matmul"]["fp32_flops"] > 0 and doc["matmul"]["bf16_flops"] > 0
+    assert any(f["kind"] == "precision" for f in doc["findings"])
     with ExperienceBank.open(url) as bank:
         run = bank.get_run(doc["run_id"])
         entry = bank.latest_baseline(run.workload, run.hardware)

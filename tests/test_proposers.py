@@ -68,6 +68,21 @@ def test_expert_has_a_prior_for_every_non_default_torch_setting():
     assert by[("activation_checkpointing", "full")].log_mem_effect < 0 < by[("activation_checkpointing", "full")].log_time_effect
 
 
+@pytest.mark.parametrize("bf16_over_fp32, faster", [(2.2, True), (0.4, False)])
+def test_expert_bf16_prior_on_cpu_follows_doctors_measured_matmul_speeds(bf16_over_fp32, faster):
+    def bf16(findings):
+        pri = ExpertProposer().priors({"space": SPACE, "spec": SPEC, "findings": findings})
+        return next(p for p in pri if p.knob == "precision" and p.setting == "bf16")
+
+    fr = {"forward": 0.35, "backward": 0.5, "optimizer": 0.1, "communication": 0.05}
+    p = bf16({"matmul": {"fp32_flops": 1e11, "bf16_flops": bf16_over_fp32 * 1e11},
+              "phase_fractions": fr})
+    assert p.source == "expert:precision:measured"
+    assert (p.log_time_effect < -0.2) if faster else (p.log_time_effect > 0.2)
+    guess = bf16({})  # no doctor run: the rule of thumb, less sure
+    assert guess.source == "expert:precision" and guess.log_time_std > p.log_time_std
+
+
 def test_expert_covers_simulator_knob_names():
     from infrarsi.backends.simulator.space import build_space  # noqa: F401 - names only
     from infrarsi.proposers.expert import RULES

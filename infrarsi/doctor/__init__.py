@@ -9,7 +9,7 @@ the minimum detectable effect, profile, MFU, bottleneck findings) in the bank an
 from __future__ import annotations
 
 from infrarsi.doctor.findings import bottleneck_findings
-from infrarsi.doctor.mfu import compute_mfu, measure_matmul_peak
+from infrarsi.doctor.mfu import compute_mfu, matmul_speeds, measure_matmul_peak
 from infrarsi.doctor.noise import mde_at_pairs, mde_for, noise_model, required_pairs, required_steps
 from infrarsi.doctor.profile import fractions, summarize_profile
 from infrarsi.doctor.stage import (
@@ -17,6 +17,7 @@ from infrarsi.doctor.stage import (
     BaselineUnusableError,
     DoctorResult,
     loss_spread,
+    proposer_findings,
     run_doctor,
 )
 from infrarsi.doctor.table import format_summary
@@ -32,8 +33,10 @@ __all__ = [
     "loss_spread",
     "mde_at_pairs",
     "mde_for",
+    "matmul_speeds",
     "measure_matmul_peak",
     "noise_model",
+    "proposer_findings",
     "required_pairs",
     "required_steps",
     "run_doctor",

@@ -1,7 +1,7 @@
 """Bottleneck findings: what the profile says, as structured rows for the report and proposers.
 
 Each finding is a dict: ``kind`` (communication, host_sync, optimizer, data, idle, compute,
-memory_headroom, memory_pressure, mfu, noise, loss), ``fraction`` (of the step, of memory or
+memory_headroom, memory_pressure, mfu, precision, noise, loss), ``fraction`` (of the step, of memory or
 None), ``message`` (one sentence; ``text`` is the same for readers that look there),
 ``severity`` (info, warn) and ``knobs`` (launch knobs that act on it).
 """
@@ -24,9 +24,11 @@ def _f(kind: str, fraction: float | None, message: str, knobs: list[str],
 
 def bottleneck_findings(profile: dict[str, Any], config: dict[str, Any],
                         mfu: dict[str, Any] | None = None,
-                        capacity_bytes: int | None = None) -> list[dict[str, Any]]:
+                        capacity_bytes: int | None = None,
+                        matmul: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Findings from the summarized profile (``infrarsi.doctor.profile.summarize_profile``),
-    the baseline config, the MFU figures and the device capacity; largest first."""
+    the baseline config, the MFU figures, the device capacity and (CPU) the measured fp32 and
+    bf16 matmul speeds (``infrarsi.doctor.mfu.matmul_speeds``); largest first."""
     fr = profile.get("fractions") or {}
     out: list[dict[str, Any]] = []
     comm = profile.get("communication") or {}
@@ -63,8 +65,21 @@ def bottleneck_findings(profile: dict[str, Any], config: dict[str, Any],
     if mfu and mfu.get("mfu") is not None:
         out.append(_f("mfu", mfu["mfu"], f"MFU {mfu['mfu']:.1%} of the {mfu['peak_label']}",
                       [], "info"))
+    out += _precision(config, matmul)
     out.sort(key=lambda f: -(f["fraction"] or 0) if f["severity"] == "warn" else 1)
     return out
+
+
+def _precision(config: dict[str, Any], matmul: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """On CPU, whether bf16 GEMMs are faster than fp32 here (AMX / AVX512-BF16) or slower."""
+    if not matmul or not matmul.get("fp32_flops") or not matmul.get("bf16_flops"):
+        return []
+    ratio = matmul["bf16_flops"] / matmul["fp32_flops"]
+    verdict = ("bf16 autocast can pay here" if ratio >= 1.2 else
+               "bf16 autocast is unlikely to pay here" if ratio <= 1.0 else "bf16 gains little")
+    return [_f("precision", None,
+               f"bf16 matmul {ratio:.2f}x the fp32 speed on this CPU "
+               f"(precision={config.get('precision', 'fp32')}): {verdict}", ["precision"], "info")]
 
 
 def _memory(profile: dict[str, Any], config: dict[str, Any],

@@ -3,7 +3,9 @@
 GPU: the device's peak FLOP/s from the hardware fingerprint (``hardware.peak_flops``, per device)
 times the workers. CPU: there is no datasheet figure for a shared box, so the peak is *measured*:
 the best of several timed large fp32 matmuls with the trial's torch thread count, times the
-workers, labelled "CPU measured matmul peak".
+workers, labelled "CPU measured matmul peak". On CPU the same probe in bf16
+(:func:`matmul_speeds`) tells the search whether bf16 autocast can pay on this processor (it
+does with AMX or AVX512-BF16, and is slower without).
 """
 
 from __future__ import annotations
@@ -13,17 +15,19 @@ from typing import Any
 
 import torch
 
-__all__ = ["PEAK_LABEL_CPU", "compute_mfu", "measure_matmul_peak"]
+__all__ = ["PEAK_LABEL_CPU", "compute_mfu", "matmul_speeds", "measure_matmul_peak"]
 
 PEAK_LABEL_CPU = "CPU measured matmul peak"
 
 
-def measure_matmul_peak(num_threads: int, n: int = 1024, repeats: int = 10) -> float:
-    """FLOP/s of the best of ``repeats`` timed ``n x n`` fp32 matmuls on ``num_threads`` threads."""
+def measure_matmul_peak(num_threads: int, n: int = 1024, repeats: int = 10,
+                        dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of the best of ``repeats`` timed ``n x n`` matmuls in ``dtype`` on ``num_threads``
+    threads."""
     before = torch.get_num_threads()
     torch.set_num_threads(max(int(num_threads), 1))
     try:
-        a, b = torch.randn(n, n), torch.randn(n, n)
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         torch.mm(a, b)  # warm-up: BLAS init, page-in
         best = float("inf")
         for _ in range(repeats):
@@ -33,6 +37,13 @@ def measure_matmul_peak(num_threads: int, n: int = 1024, repeats: int = 10) -> f
     finally:
         torch.set_num_threads(before)
     return 2 * n**3 / best
+
+
+def matmul_speeds(num_threads: int, n: int = 1024) -> dict[str, Any]:
+    """Measured CPU matmul FLOP/s per worker in fp32 and bf16 (doctor's payload ``matmul``)."""
+    return {"fp32_flops": measure_matmul_peak(num_threads, n),
+            "bf16_flops": measure_matmul_peak(num_threads, n, dtype=torch.bfloat16),
+            "num_threads": int(num_threads), "n": n}
 
 
 def compute_mfu(*, step_s: float, tokens_per_step: int, flops_per_token: float,

@@ -6,7 +6,8 @@ go to the bank under a run of their own (origin ``doctor:baseline``); the summar
 below) goes to the bank with ``record_baseline`` and to ``doctor.json`` in the run directory.
 
 Payload keys the later stages read: ``baseline_step_s`` and ``noise["mde"]`` (the run stage's
-verifier threshold), ``profile["fractions"]``, ``mfu``, ``findings`` (report, proposers).
+verifier threshold), ``profile["fractions"]``, ``mfu``, ``matmul`` (CPU: measured fp32 and bf16
+matmul FLOP/s), ``findings`` (report); :func:`proposer_findings` is the proposers' digest.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from infrarsi.contract import Contract, resolve_run_dir
 from infrarsi.doctor.findings import bottleneck_findings
-from infrarsi.doctor.mfu import compute_mfu
+from infrarsi.doctor.mfu import compute_mfu, matmul_speeds
 from infrarsi.doctor.noise import DEFAULT_PAIRS, noise_model
 from infrarsi.doctor.profile import summarize_profile
 from infrarsi.doctor.table import format_summary
@@ -183,7 +184,10 @@ def _payload(records: Sequence[TrialRecord], contract: Contract, backend, config
                       device_peak_flops=backend.hardware.peak_flops,
                       device_name=backend.hardware.device_name)
     capacity = backend.hardware.memory_bytes or None
-    findings = bottleneck_findings(profile, config, mfu, capacity)
+    # CPU: measured, since whether bf16 pays depends on the processor (datasheets cover GPUs)
+    matmul = (matmul_speeds(int(config.get("num_threads", 1)))
+              if spec.hardware.device == "cpu" else None)
+    findings = bottleneck_findings(profile, config, mfu, capacity, matmul)
     if noise["too_noisy"]:
         findings.insert(0, {"kind": "noise", "fraction": noise["mde"], "severity": "warn",
                             "message": "too noisy: " + noise["advice"], "text": noise["advice"],
@@ -195,6 +199,7 @@ def _payload(records: Sequence[TrialRecord], contract: Contract, backend, config
         "noise": noise,
         "profile": profile,
         "mfu": mfu,
+        "matmul": matmul,
         "findings": findings,
         "loss": {"max_rel_spread": max(spread, default=0.0), "per_step_rel_spread": spread,
                  "tolerance": rtol, "bitwise_identical": max(spread, default=0.0) == 0.0,
@@ -209,6 +214,22 @@ def _payload(records: Sequence[TrialRecord], contract: Contract, backend, config
         "device_seconds": sum(r.device_seconds for r in records),
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def proposer_findings(payload: dict[str, Any] | None) -> dict[str, Any]:
+    """The proposers' context ``findings``: a compact digest of doctor's payload (the LLM prompt
+    carries it whole): baseline step, phase fractions, MFU, measured matmul speeds (CPU), peak
+    memory against capacity, and the findings' sentences. Empty without a doctor run."""
+    if not payload:
+        return {}
+    prof = payload.get("profile") or {}
+    return {"baseline_step_s": payload.get("baseline_step_s"),
+            "phase_fractions": prof.get("fractions") or {},
+            "mfu": (payload.get("mfu") or {}).get("mfu"),
+            "matmul": payload.get("matmul"),
+            "peak_memory_bytes": prof.get("peak_memory_bytes"),
+            "memory_capacity_bytes": payload.get("memory_capacity_bytes"),
+            "bottlenecks": [f.get("message") for f in payload.get("findings") or []]}
 
 
 def _save(run_dir: Path, payload: dict[str, Any]) -> Path:

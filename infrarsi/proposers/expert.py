@@ -4,6 +4,8 @@ Priors: one rule per knob name, for the torch workload's launch names and the si
 the playbook table's names (a knob without a rule gets no prior: the model's weak default).
 Effects are on log step time and log peak memory relative to the knob's default, with a
 standard deviation that says how sure the rule is; they depend on the device (CPU vs CUDA).
+Where doctor measured the fact a rule of thumb guesses at, the measurement decides
+(:data:`MEASURED_RULES`): on CPU, bf16 autocast from the measured bf16/fp32 matmul speeds.
 
 Patches: the catalog's honest patches and the bank's verified patches for the same code
 lineage, each kept only if it still applies cleanly to the workspace. The caller verifies every
@@ -60,6 +62,27 @@ def _checkpointing(v, d, dev):
     if v not in table or d not in table:
         return None
     return (table[v][0] - table[d][0], 0.15, table[v][1] - table[d][1], 0.3)
+
+
+# Share of forward+backward time in GEMMs, for a small decoder on CPU (the rest is elementwise
+# work, softmax, norms and autocast's casts, which bf16 does not speed up).
+GEMM_SHARE_CPU = 0.6
+
+
+def _precision_measured(v, d, dev, findings):
+    """bf16 vs fp32 on CPU from doctor's measured matmul speeds: Amdahl over the GEMM share of
+    the step's forward+backward time (doctor's phase fractions, else all of the step)."""
+    mm = findings.get("matmul") or {}
+    if dev != "cpu" or {v, d} != {"fp32", "bf16"} or not mm.get("fp32_flops") \
+            or not mm.get("bf16_flops"):
+        return None
+    fr = findings.get("phase_fractions") or {}
+    compute = fr.get("forward", 0.0) + fr.get("backward", 0.0) if fr else 1.0
+    share = GEMM_SHARE_CPU * min(max(compute, 0.0), 1.0)
+    ratio = mm["bf16_flops"] / mm["fp32_flops"]
+    t = math.log(1.0 - share + share / ratio)
+    sign = 1 if v == "bf16" else -1
+    return (sign * t, 0.25, sign * -0.2, 0.3)
 
 
 def _precision(v, d, dev):
@@ -157,6 +180,11 @@ RULES: dict[str, Rule] = {
 }
 
 
+MeasuredRule = Callable[[Any, Any, str, dict[str, Any]], Effect | None]  # ... , findings
+# Rules that read doctor's measurements (the context's ``findings``); None falls back to RULES.
+MEASURED_RULES: dict[str, MeasuredRule] = {"precision": _precision_measured}
+
+
 class ExpertProposer(Proposer):
     """Deterministic priors from :data:`RULES`; patches from the catalog and the bank."""
 
@@ -167,6 +195,7 @@ class ExpertProposer(Proposer):
 
     def priors(self, context: Context) -> list[KnobPrior]:
         space, dev = context["space"], device_kind(context)
+        findings = dict(context.get("findings") or {})
         out = []
         for knob in space.knobs:
             if knob.name.startswith("patch:"):
@@ -178,11 +207,15 @@ class ExpertProposer(Proposer):
             for v in knob.values:
                 if v == knob.default:
                     continue
-                eff = rule(v, knob.default, dev)
+                measured = MEASURED_RULES.get(knob.name)
+                eff = measured(v, knob.default, dev, findings) if measured else None
+                source = f"expert:{knob.name}" + (":measured" if eff is not None else "")
+                if eff is None:
+                    eff = rule(v, knob.default, dev)
                 if eff is None:
                     continue
                 t, ts, m, ms = eff
-                out.append(KnobPrior(knob.name, v, t, ts, m, ms, source=f"expert:{knob.name}"))
+                out.append(KnobPrior(knob.name, v, t, ts, m, ms, source=source))
         return out
 
     def _patch_prior(self, knob, context: Context) -> list[KnobPrior]:

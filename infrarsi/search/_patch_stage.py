@@ -77,7 +77,7 @@ def prepare_patches(session: Any, *, enabled: bool = True, resume: bool = False,
     context = {"space": session.backend.space, "workload": session.backend.workload,
                "hardware": session.backend.hardware, "spec": spec, "contract": contract,
                "workspace": workspace, "bank": session.bank, "run_id": session.run_id,
-               "lineage": lineage}
+               "lineage": lineage, "findings": session.findings}
     proposer = proposer or make_proposer(spec, progress)
     candidates = _dedupe(_propose(proposer, context, progress))
     name = getattr(proposer, "name", type(proposer).__name__)

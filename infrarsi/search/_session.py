@@ -13,6 +13,7 @@ import psutil
 
 from infrarsi.contract import Contract
 from infrarsi.doctor.noise import mde_at_pairs
+from infrarsi.doctor.stage import proposer_findings
 from infrarsi.errors import BankError, InfraRSIError
 from infrarsi.trial import SoftwareVersions, TrialRecord
 
@@ -49,6 +50,7 @@ class RunSession:
         # doctor's measurements of the locked baseline: the search fits them with its own trials
         self.baseline_records: list[TrialRecord] = []
         self.noise: dict[str, Any] | None = None  # doctor's noise model of the baseline
+        self.findings: dict[str, Any] = {}  # doctor's digest for proposers (proposer_findings)
         self.patches: list = []  # verified patches searched as knobs (see use_patches)
         self.patch_conflicts: list[tuple[str, str, str]] = []
         self._beats: dict[str, Any] = {}
@@ -138,6 +140,7 @@ class RunSession:
             return
         noise = entry.payload.get("noise", entry.payload)
         self.noise = noise if noise.get("mde") is not None else None
+        self.findings = proposer_findings(entry.payload)
         self.baseline_step_s = entry.payload.get("baseline_step_s") or noise.get("baseline_step_s")
         ids = set(entry.payload.get("records") or ())
         try:
@@ -180,7 +183,8 @@ class RunSession:
             return list(ExpertProposer().priors({"space": self.backend.space,
                                                  "workload": self.backend.workload,
                                                  "hardware": self.backend.hardware,
-                                                 "spec": self.spec, "patches": self.patches}))
+                                                 "spec": self.spec, "patches": self.patches,
+                                                 "findings": self.findings}))
         except Exception as e:  # noqa: BLE001 - priors are advice; a broken one must not stop a run
             self.progress(f"warning: the expert proposer failed ({e}); searching without priors")
             return []
