@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 TASK=${1:-configs/tasks/cpu_dense.yaml}
-BUDGET=${2:-8}
+BUDGET=${2:-12}
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 INFRARSI=.venv/bin/infrarsi
 NAME=$(.venv/bin/python -c "import sys; from infrarsi.contract import load_task; print(load_task(sys.argv[1]).name)" "$TASK")

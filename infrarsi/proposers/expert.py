@@ -69,12 +69,17 @@ def _checkpointing(v, d, dev):
 GEMM_SHARE_CPU = 0.6
 
 
-def _precision_measured(v, d, dev, findings):
-    """bf16 vs fp32 on CPU from doctor's measured matmul speeds: Amdahl over the GEMM share of
-    the step's forward+backward time (doctor's phase fractions, else all of the step)."""
+def _precision_measured(v, d, dev, context):
+    """bf16 vs fp32 on a dense CPU workload from doctor's measured matmul speeds: Amdahl over the
+    GEMM share of the step's forward+backward time (doctor's phase fractions, else the step).
+
+    Not for MoE: its expert dispatch (gather, index_add, scatter) runs in bf16 too and is slower
+    than in fp32 on CPU (cpu_moe at micro-batch 2 measured 1.4-1.6x slower in bf16 on a CPU whose
+    bf16 matmul is 2.2x fp32), so the matmul speed does not speak for its step."""
+    findings = context.get("findings") or {}
     mm = findings.get("matmul") or {}
-    if dev != "cpu" or {v, d} != {"fp32", "bf16"} or not mm.get("fp32_flops") \
-            or not mm.get("bf16_flops"):
+    if dev != "cpu" or family(context) != "dense" or {v, d} != {"fp32", "bf16"} \
+            or not mm.get("fp32_flops") or not mm.get("bf16_flops"):
         return None
     fr = findings.get("phase_fractions") or {}
     compute = fr.get("forward", 0.0) + fr.get("backward", 0.0) if fr else 1.0
@@ -180,7 +185,7 @@ RULES: dict[str, Rule] = {
 }
 
 
-MeasuredRule = Callable[[Any, Any, str, dict[str, Any]], Effect | None]  # ... , findings
+MeasuredRule = Callable[[Any, Any, str, Context], Effect | None]  # (value, default, device, context)
 # Rules that read doctor's measurements (the context's ``findings``); None falls back to RULES.
 MEASURED_RULES: dict[str, MeasuredRule] = {"precision": _precision_measured}
 
@@ -195,7 +200,6 @@ class ExpertProposer(Proposer):
 
     def priors(self, context: Context) -> list[KnobPrior]:
         space, dev = context["space"], device_kind(context)
-        findings = dict(context.get("findings") or {})
         out = []
         for knob in space.knobs:
             if knob.name.startswith("patch:"):
@@ -208,7 +212,7 @@ class ExpertProposer(Proposer):
                 if v == knob.default:
                     continue
                 measured = MEASURED_RULES.get(knob.name)
-                eff = measured(v, knob.default, dev, findings) if measured else None
+                eff = measured(v, knob.default, dev, context) if measured else None
                 source = f"expert:{knob.name}" + (":measured" if eff is not None else "")
                 if eff is None:
                     eff = rule(v, knob.default, dev)
