@@ -176,17 +176,18 @@ def _payload(records: Sequence[TrialRecord], contract: Contract, backend, config
     step = statistics.median(r.step_time_s for r in records)
     profile = summarize_profile(records)
     extra = records[0].extra or {}
+    # CPU: measured, since whether bf16 pays depends on the processor (datasheets cover GPUs)
+    matmul = (matmul_speeds(int(config.get("num_threads", 1)))
+              if spec.hardware.device == "cpu" else None)
     mfu = compute_mfu(step_s=step, tokens_per_step=contract.work["tokens_per_step"],
                       flops_per_token=float(extra.get("flops_per_token")
                                             or contract.work["flops_per_token"]),
                       num_workers=int(config.get("num_workers", 1)), device=spec.hardware.device,
                       num_threads=int(config.get("num_threads", 1)),
                       device_peak_flops=backend.hardware.peak_flops,
-                      device_name=backend.hardware.device_name)
+                      device_name=backend.hardware.device_name,
+                      cpu_peak_flops=matmul["fp32_flops"] if matmul else None)
     capacity = backend.hardware.memory_bytes or None
-    # CPU: measured, since whether bf16 pays depends on the processor (datasheets cover GPUs)
-    matmul = (matmul_speeds(int(config.get("num_threads", 1)))
-              if spec.hardware.device == "cpu" else None)
     findings = bottleneck_findings(profile, config, mfu, capacity, matmul)
     if noise["too_noisy"]:
         findings.insert(0, {"kind": "noise", "fraction": noise["mde"], "severity": "warn",
