@@ -36,6 +36,7 @@ SDPA = next(p for p in honest_patches() if p.id == "sdpa_attention")
 MASK = next(p for p in honest_patches() if p.id == "cached_mask_rotary")
 BATCHED = next(p for p in honest_patches() if p.id == "moe_batched_dispatch")
 NOSYNC = next(p for p in honest_patches() if p.id == "moe_no_host_sync")
+BUCKETS = next(p for p in honest_patches() if p.id == "moe_shape_buckets")
 
 
 @pytest.fixture
@@ -198,6 +199,36 @@ def test_verdict_on_a_combination_of_honest_patches(tmp_path):
     v = verify_patch(combo, workspace=WORKSPACE, spec=tiny_spec("moe"), isolated=False)
     assert v.accepted, v.reason
     assert set(v.evidence["files"]) == {"models/layers.py", "models/moe.py"}
+
+
+def test_shape_buckets_patch_feeds_experts_few_shapes_and_computes_the_same(tmp_path):
+    import torch
+
+    from infrarsi.harness._workspace import load_entry
+    from infrarsi.harness.stats import shape_dict
+
+    spec = tiny_spec("moe")  # 2 layers of 4 experts, top-2
+    patched = materialize(WORKSPACE, [BUCKETS], SCOPE, cache=tmp_path)
+    x = torch.randint(0, 256, (3, 32))
+    outs, rows = [], {}
+    for name, ws in (("base", WORKSPACE), ("patched", patched)):
+        with load_entry(ws) as entry:
+            torch.manual_seed(0)
+            model = entry.build_model(shape_dict(spec), {"rank": 0, "world_size": 1})
+            seen = rows.setdefault(name, [])
+            for blk in model.layers:
+                for expert in blk.mlp.experts:
+                    expert.register_forward_pre_hook(lambda m, a, seen=seen: seen.append(len(a[0])))
+            logits, aux = model(x)
+            (logits.float().square().mean() + aux).backward()
+            outs.append((logits.detach(), aux.detach(),
+                         [p.grad.clone() for p in model.parameters()]))
+    # 3 x 32 tokens x top-2 over 4 experts: the unpatched counts vary, the patched are 64s
+    assert any(n % 64 for n in rows["base"])
+    assert rows["patched"] and all(n % 64 == 0 for n in rows["patched"])
+    (l0, a0, g0), (l1, a1, g1) = outs
+    assert torch.allclose(l0, l1, atol=1e-6) and torch.allclose(a0, a1)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g0, g1, strict=True))
 
 
 @pytest.mark.slow

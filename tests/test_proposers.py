@@ -86,8 +86,19 @@ def test_expert_bf16_prior_on_a_dense_cpu_task_follows_doctors_measured_matmul_s
     assert (p.log_time_effect < -0.2) if faster else (p.log_time_effect > 0.2)
     guess = bf16({})  # no doctor run: the rule of thumb, less sure
     assert guess.source == "expert:precision" and guess.log_time_std > p.log_time_std
-    # MoE dispatch runs in bf16 too: the matmul speed does not speak for its step
+    # MoE: a new bf16 kernel per expert-matmul shape at every step; the matmul speed speaks for
+    # its step only where the space can keep those shapes few (the shape-buckets patch)
     assert bf16(measured, spec=SPEC).source == "expert:precision"
+    buckets = next(p for p in honest_patches("moe") if p.id == "moe_shape_buckets")
+
+    def moe_bf16(findings):
+        space = build_torch_space(SPEC).with_knobs(patch_knobs([buckets]))
+        pri = ExpertProposer().priors({"space": space, "spec": SPEC, "findings": findings,
+                                       "patches": [buckets]})
+        return next(p for p in pri if p.knob == "precision" and p.setting == "bf16")
+
+    assert moe_bf16(measured).source == "expert:precision:measured"
+    assert moe_bf16({}).source == "expert:precision"  # no doctor run: the rule of thumb
 
 
 def test_expert_covers_simulator_knob_names():
@@ -108,7 +119,8 @@ def test_expert_patch_knob_priors_come_from_the_patch():
 
 def test_expert_patches_are_the_applicable_catalog_and_the_banks(tmp_path):
     ids = [p.id for p in ExpertProposer().patches(ctx())]
-    assert {"sdpa_attention", "moe_batched_dispatch", "cached_mask_rotary", "moe_no_host_sync"} <= set(ids)
+    assert {"sdpa_attention", "moe_batched_dispatch", "cached_mask_rotary", "moe_no_host_sync",
+            "moe_shape_buckets"} <= set(ids)
     assert [p.id for p in ExpertProposer().patches({"space": SPACE, "spec": tiny_spec("dense")})
             if p.id.startswith("moe")] == []
     bank = ExperienceBank.open(f"sqlite:///{tmp_path / 'b.sqlite'}")
