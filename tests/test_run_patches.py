@@ -8,6 +8,7 @@ the slow one is a real run on cpu_dense (init, patch verification, Tune trials, 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +293,33 @@ def test_a_run_verifies_searches_and_records_patches_on_cpu_dense(tmp_path, ray_
         assert [p["id"] for p in out["promoted_patches"]] == on
         assert all(p["diff"] for p in out["promoted_patches"])
     print(text, f"\n{patched_trials} of {len(records)} trials ran with a patch on")
+
+
+@pytest.mark.slow
+def test_a_frozen_file_changed_mid_run_stops_the_search_at_the_next_trial(tmp_path, ray_local):
+    from infrarsi.contract import init_task
+    from infrarsi.errors import FrozenFileChangedError
+    from infrarsi.search.run_stage import STATE_FILE, run_search
+
+    path = copy_task(tmp_path, "cpu_dense.yaml", **{
+        "timing.measured_steps": 2, "timing.warmup_steps": 1, "hardware.max_workers": 1,
+        "search.baseline.num_workers": 1})
+    _, cpath, _ = init_task(path, local_mode=True)
+    entry = tmp_path / "ws" / "entry.py"
+    lines: list[str] = []
+
+    def progress(line: str) -> None:  # the user edits a frozen file while trial 1 reports
+        lines.append(line)
+        if re.search(r"\d\.\dms", line) and "entry.py" not in entry.read_text():
+            entry.write_text(entry.read_text() + "\n# edited mid-run: entry.py\n")
+
+    with pytest.raises(FrozenFileChangedError, match="workspace/entry.py"):
+        run_search(cpath.parent, budget=4, pairs=2, local_mode=True, patches=False,
+                   bank_url=f"sqlite:///{tmp_path / 'bank.sqlite'}", progress=progress,
+                   use_experience=False)
+    state = json.loads((cpath.parent / STATE_FILE).read_text())
+    # one trial ran; none of the 3 left was spent on a harness nobody can trust any more
+    assert len(state["engine"]["observations"]) == 1, "\n".join(lines)
 
 
 def test_cli_trial_refuses_a_patch_the_run_did_not_verify(run_dir, capsys):

@@ -25,7 +25,7 @@ from typing import Any
 
 from infrarsi.contract import Contract
 from infrarsi.doctor.noise import DEFAULT_PAIRS
-from infrarsi.errors import InfraRSIError
+from infrarsi.errors import FrozenFileChangedError, InfraRSIError
 from infrarsi.search._patch_stage import prepare_patches, promoted_patches
 from infrarsi.search._progress import Progress
 from infrarsi.search._session import RunSession
@@ -156,12 +156,21 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
 
     session.ensure_ray()
 
+    broken: list[FrozenFileChangedError] = []
+
     def on_record(trial_id: str, record: TrialRecord, origin: str, live: dict | None) -> None:
         session.record(record, origin)
         if origin.startswith("seed:baseline") and record.ok:
             session.baseline_step_s = table.baseline_step_s = record.step_time_s
         table.row(len(engine.observations), record, origin, live)
         session.save_state(engine.state_dict())
+        # Every trial re-hashes the frozen files and fails when one changed; stop at the first
+        # such trial instead of spending the rest of the budget on failures.
+        try:
+            session.contract.verify_frozen()
+        except FrozenFileChangedError as e:
+            broken.append(e)
+            searcher.halt(str(e))
 
     searcher = InfraRSISearcher(engine, state_path=state_path, on_record=on_record,
                                 on_suggest=session.open_trial, early_stop=True)
@@ -188,11 +197,14 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         warnings.simplefilter("ignore")
         tuner.fit()
     del ray
+    if broken:
+        raise broken[0]
 
 
 def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
             table: Progress) -> list[Verdict]:
     """Re-measure the best distinct ok configs against the baseline, A B A B ..."""
+    session.contract.verify_frozen()  # nothing is promoted on a harness that changed
     baseline = session.backend.baseline_config()
     ranked: dict[str, tuple[float, dict]] = {}
     for r in engine.records:

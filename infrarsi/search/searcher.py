@@ -87,6 +87,7 @@ class InfraRSISearcher(Searcher):
         self.on_suggest = on_suggest
         self._live: dict[str, dict[str, Any]] = {}  # trial_id -> suggestion summary
         self._last: dict[str, dict[str, Any]] = {}  # trial_id -> last result reported
+        self.halted: str | None = None  # see halt()
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         if metric:
@@ -95,7 +96,16 @@ class InfraRSISearcher(Searcher):
             self._mode = mode
         return True
 
+    def halt(self, reason: str) -> None:
+        """Suggest no more trials in this driver (e.g. the contract broke mid-run).
+
+        Unlike the engine's ``stop_reason`` it is not part of the saved state: a resumed run
+        whose cause is fixed goes on searching."""
+        self.halted = reason
+
     def suggest(self, trial_id: str) -> Config | str | None:
+        if self.halted:
+            return Searcher.FINISHED
         sug = self.engine.suggest(trial_id)
         if sug is None:
             return Searcher.FINISHED
