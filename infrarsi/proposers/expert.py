@@ -88,7 +88,8 @@ def _precision_measured(v, d, dev, context):
     if dev != "cpu" or {v, d} != {"fp32", "bf16"} \
             or not mm.get("fp32_flops") or not mm.get("bf16_flops"):
         return None
-    if family(context) != "dense" and not _has_knob(context, SHAPE_STABLE_PATCHES):
+    names = getattr(context.get("space"), "names", ())
+    if family(context) != "dense" and not any(n in names for n in SHAPE_STABLE_PATCHES):
         return None
     fr = findings.get("phase_fractions") or {}
     compute = fr.get("forward", 0.0) + fr.get("backward", 0.0) if fr else 1.0
@@ -97,11 +98,6 @@ def _precision_measured(v, d, dev, context):
     t = math.log(1.0 - share + share / ratio)
     sign = 1 if v == "bf16" else -1
     return (sign * t, 0.25, sign * -0.2, 0.3)
-
-
-def _has_knob(context, names) -> bool:
-    space = context.get("space")
-    return space is not None and any(n in space.names for n in names)
 
 
 def _precision(v, d, dev):

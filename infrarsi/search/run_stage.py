@@ -156,8 +156,6 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
 
     session.ensure_ray()
 
-    broken: list[FrozenFileChangedError] = []
-
     def on_record(trial_id: str, record: TrialRecord, origin: str, live: dict | None) -> None:
         session.record(record, origin)
         if origin.startswith("seed:baseline") and record.ok:
@@ -169,7 +167,6 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         try:
             session.contract.verify_frozen()
         except FrozenFileChangedError as e:
-            broken.append(e)
             searcher.halt(str(e))
 
     searcher = InfraRSISearcher(engine, state_path=state_path, on_record=on_record,
@@ -197,8 +194,8 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         warnings.simplefilter("ignore")
         tuner.fit()
     del ray
-    if broken:
-        raise broken[0]
+    if searcher.halted:
+        raise FrozenFileChangedError(searcher.halted)
 
 
 def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
