@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -103,6 +104,46 @@ def test_pairing_adds_a_memory_saver_to_a_hungry_fast_candidate():
     assert pairing["paired"]["activation_checkpointing"] == "full"
     assert pairing["hungry_predicted"]["p_oom"] > pairing["paired_predicted"]["p_oom"]
     assert any(s.origin == "pairing" and r.ok for s, r in runs)
+
+
+def test_a_config_whose_trial_the_cluster_lost_runs_again_and_only_that():
+    """A lost worker or a broken collective measured nothing about the config: it stays a
+    candidate (a second loss ends that). An OOM and a crash the config causes never run again."""
+    b = ToyBackend()
+    eng = _engine(b, budget=12, n_init=0)
+    fast = {"activation_checkpointing": "full", "precision": "bf16", "bucket_cap_mb": 25}
+    for i, mbs in enumerate((1, 2, 4)):
+        eng.observe(b.execute({**fast, "micro_batch_size": mbs}, trial_id=f"ok{i}"), "test")
+    best = b.space.normalize({**fast, "micro_batch_size": 16})  # the best config of the space
+    lost_twice = b.space.normalize({**fast, "micro_batch_size": 8})
+    oom = b.space.normalize({**fast, "micro_batch_size": 16, "activation_checkpointing": "none",
+                             "precision": "fp32"})
+    compiled = b.space.normalize({**fast, "micro_batch_size": 2, "bucket_cap_mb": 5,
+                                  "activation_checkpointing": "none"})
+    common = dict(backend="toy", workload=b.workload, hardware=b.hardware,
+                  memory_capacity_bytes=CAPACITY, device_seconds=60.0)
+
+    def failed(tid, config, kind):
+        return TrialRecord(trial_id=tid, config=config, status=TrialStatus.ERROR, error_kind=kind,
+                           error_message=f"{kind.value} failure", **common)
+
+    eng.observe(failed("f1", best, ErrorKind.WORKER_LOST), "test")
+    eng.observe(failed("f2", lost_twice, ErrorKind.COMMUNICATION), "test")
+    eng.observe(failed("f3", lost_twice, ErrorKind.WORKER_LOST), "test")
+    eng.observe(b.execute(oom, trial_id="f4"), "test")
+    eng.observe(failed("f5", compiled, ErrorKind.COMPILE), "test")
+
+    never_again = eng._measured_keys()
+    assert config_key(best) not in never_again
+    assert {config_key(c) for c in (lost_twice, oom, compiled)} <= never_again
+
+    runs = _drive(eng, b, 6)
+    retried = [(s, r) for s, r in runs if s.origin.endswith(":retry")]
+    assert [config_key(s.config) for s, _ in retried] == [config_key(best)]
+    assert retried[0][1].ok and b.objective(retried[0][1]) > 0.95 * b.best_objective()
+    tries = Counter(config_key(r.config) for r in eng.records)
+    assert tries[config_key(lost_twice)] == 2
+    assert tries[config_key(oom)] == tries[config_key(compiled)] == 1
 
 
 def test_state_round_trips_through_json_and_resume_never_repeats():
