@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 
@@ -45,6 +46,21 @@ def test_search_reaches_the_best_fitting_config_and_wastes_few_trials_on_oom():
         assert len(keys) == len(set(keys)), "a measured config was proposed again"
     assert min(fractions) >= 0.9, fractions
     assert np.mean(ooms) <= 4, ooms
+
+
+def test_a_wrong_prior_is_flagged_by_the_revisions_the_search_logs_as_it_goes():
+    """Prior revision online: the own trials' models judge each proposer prior after every
+    trial. A confident prior that bf16 is slower (it is 1.5x faster here) is flagged."""
+    b = ToyBackend()
+    wrong = KnobPrior("precision", "bf16", log_time_effect=0.3, log_time_std=0.2, source="test")
+    eng = _engine(b, budget=10, priors=[wrong], n_init=0)
+    for i, (mbs, precision) in enumerate(itertools.product((1, 2, 4, 8), ("fp32", "bf16"))):
+        eng.observe(b.execute({"micro_batch_size": mbs, "precision": precision,
+                               "activation_checkpointing": "full"}, trial_id=f"p{i}"), "test")
+    assert eng.suggest("next") is not None
+    rev = next(r for r in eng.revisions if r["knob"] == "precision" and r["target"] == "time")
+    assert rev["flagged"] and rev["posterior_mean"] < 0.0 < rev["prior_mean"], str(rev)
+    assert rev["evidence_n"] > 0
 
 
 def test_oom_trials_reach_the_memory_model_as_censored_observations():
