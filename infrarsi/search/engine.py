@@ -164,6 +164,7 @@ FAIL_ALLOWANCE = 0.15
 # 14.4% to 15.3% with experience (past the 15% goal) for 0.965 -> 0.967 / 0.957 -> 0.965.
 CLUSTER_FAULTS = frozenset({ErrorKind.WORKER_LOST, ErrorKind.COMMUNICATION})
 CLUSTER_FAULT_TRIES = 2
+_CLUSTER_FAULT_VALUES = frozenset(k.value for k in CLUSTER_FAULTS)
 
 # P(fit) multiplier for candidates with a setting every crash so far shared (see
 # SearchEngine._suspect_settings): not zero, the setting may be innocent.
@@ -318,28 +319,27 @@ class SearchEngine:
         scored = [(r, v) for r, v in scored if v is not None and math.isfinite(v)]
         return max(scored, key=lambda rv: rv[1]) if scored else None
 
+    def _tries(self) -> dict[str, tuple[int, int]]:
+        """Config key -> (trials the cluster lost, other trials), from the raw observations."""
+        out: dict[str, tuple[int, int]] = {}
+        for o in self.observations:
+            rec = o["record"]
+            key = config_key(self.space.normalize(rec["config"], check=False))
+            lost = (rec["status"] == TrialStatus.ERROR.value
+                    and rec.get("error_kind") in _CLUSTER_FAULT_VALUES)
+            n_lost, n_other = out.get(key, (0, 0))
+            out[key] = (n_lost + lost, n_other + (not lost))
+        return out
+
     def _measured_keys(self) -> set[str]:
         """Configs never to propose again: every one tried, except those whose trials the
         cluster lost (see CLUSTER_FAULTS) fewer than CLUSTER_FAULT_TRIES times."""
-        lost: dict[str, int] = {}
-        done: set[str] = set()
-        for r in self.records:
-            key = config_key(self.space.normalize(r.config, check=False))
-            if r.status is TrialStatus.ERROR and r.error_kind in CLUSTER_FAULTS:
-                lost[key] = lost.get(key, 0) + 1
-                if lost[key] < CLUSTER_FAULT_TRIES:
-                    continue
-            done.add(key)
-        return done
+        return {k for k, (lost, other) in self._tries().items()
+                if other or lost >= CLUSTER_FAULT_TRIES}
 
     def _lost_keys(self) -> set[str]:
         """Configs whose trials so far were all lost by the cluster (a new trial is a retry)."""
-        tried: dict[str, bool] = {}
-        for r in self.records:
-            key = config_key(self.space.normalize(r.config, check=False))
-            lost = r.status is TrialStatus.ERROR and r.error_kind in CLUSTER_FAULTS
-            tried[key] = tried.get(key, True) and lost
-        return {k for k, all_lost in tried.items() if all_lost}
+        return {k for k, (_, other) in self._tries().items() if not other}
 
     # ---- the candidate pool ---------------------------------------------------------------
     def _set_pool(self, extra: list[Config]) -> None:
