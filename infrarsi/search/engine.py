@@ -140,7 +140,8 @@ class SearchEngine:
         self.encoder = FeatureEncoder(space).fit()
         self._X_base = self.encoder.transform(self._base_pool, workload, hardware)
         self.fitter = Fitter(space, self.encoder, hardware, self.experience, self.priors,
-                             self.objective, seed, experience_cache or ExperienceCache())
+                             self.objective, seed,
+                             ExperienceCache() if experience_cache is None else experience_cache)
         self.local_incumbents = local_incumbents
         self.local_from = local_from
         self._local: tuple[str, ...] = ()  # keys of the incumbents whose neighbours are in the pool
