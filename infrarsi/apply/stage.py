@@ -62,7 +62,7 @@ def apply_run(run_dir: str | Path | None = None, *, repo: str | Path | None = No
               bank_url: str | None = None, config_path: str | None = None) -> ApplyResult:
     """Commit the promoted result of ``run_dir`` (default: the last ``infrarsi init``) on a new
     branch of ``repo``; see the module doc. Raises :class:`ApplyRefusedError` saying why not."""
-    data = load_report_data(resolve_run_dir(run_dir), bank_url=bank_url)
+    data = load_report_data(Path(run_dir) if run_dir else resolve_run_dir(None), bank_url=bank_url)
     if not data.promoted:
         why = data.partial or data.not_promoted
         raise ApplyRefusedError(f"run {data.run_id} has no promotion, so there is nothing to apply: "

@@ -41,7 +41,7 @@ def build_report(run_dir: str | Path | None = None, *, out_dir: str | Path | Non
     a finished run, on a run still in progress (marked partial) and on a run that promoted
     nothing (the report says why). Raises :class:`ReportInputError` when there is no run.
     """
-    run_dir = resolve_run_dir(run_dir)
+    run_dir = Path(run_dir) if run_dir else resolve_run_dir(None)
     data = load_report_data(run_dir, bank_url=bank_url)
     out = Path(out_dir) if out_dir else Path(run_dir) / REPORT_DIR
     (out / "plots").mkdir(parents=True, exist_ok=True)
