@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infrarsi import _home
 from infrarsi.contract.contract import CONTRACT_FILE, Contract, lock
 from infrarsi.contract.spec import TaskSpec, load_task
 from infrarsi.errors import ContractError
@@ -41,21 +42,25 @@ def init_task(task: str | Path | TaskSpec, *, run_dir: Path | None = None,
     return contract, path, record
 
 
-def _point_latest(run_dir: Path) -> None:
-    pointer = run_dir.resolve().parent / LATEST_POINTER
+def _point_latest(run_dir: Path, runs_root: Path | None = None) -> None:
+    """Record ``run_dir`` as the last one initialized, in ``<home>/runs/LATEST`` (one pointer
+    per home, whatever folder the run lives in or init was started from)."""
+    pointer = (runs_root or _home.runs_root()) / LATEST_POINTER
+    pointer.parent.mkdir(parents=True, exist_ok=True)
     pointer.write_text(str(run_dir.resolve()) + "\n")
 
 
 def resolve_run_dir(run_dir: str | Path | None, runs_root: Path | None = None) -> Path:
-    """The run directory a later stage works in: the one given, else the last one initialized."""
+    """The run directory a later stage works in: the one given, else the last one initialized
+    (``<home>/runs/LATEST``, see infrarsi._home; ``runs_root`` replaces ``<home>/runs``)."""
     if run_dir:
         path = Path(run_dir)
     else:
-        pointer = (runs_root or Path.cwd() / "runs") / LATEST_POINTER
+        pointer = (runs_root or _home.runs_root()) / LATEST_POINTER
         if not pointer.is_file():
             raise ContractError(
-                "no run directory given and no run initialized here; run `infrarsi init TASK.yaml` "
-                "or pass --run-dir"
+                f"no run directory given and no run initialized under {pointer.parent} "
+                f"(${_home.ENV_HOME}); run `infrarsi init TASK` or pass --run-dir"
             )
         path = Path(pointer.read_text().strip())
     if not (path / CONTRACT_FILE).is_file():
