@@ -37,7 +37,7 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from infrarsi._home import data_dir
-from infrarsi.errors import ModelFallbackWarning
+from infrarsi.errors import ConfigError, ModelFallbackWarning
 from infrarsi.models import FeatureEncoder, PeakMemoryModel, StepTimeModel
 from infrarsi.models._gp import LeanGP
 from infrarsi.space import Knob, SearchSpace
@@ -316,7 +316,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="write every figure as JSON here")
     a = ap.parse_args()
     threadpool_limits(1)  # small matrices: threads only contend on a shared 2-core box
-    df = pd.read_csv(a.data or data_dir(DATA) / DATA)
+    try:
+        df = pd.read_csv(a.data or data_dir(DATA) / DATA)
+    except (ConfigError, FileNotFoundError) as e:
+        raise SystemExit(str(e)) from None
     enc = FeatureEncoder(build_space(df)).fit()
     report = {"command": "scripts/bench_models.py", "seeds": a.seeds, "frac": a.frac}
     per = run_per_workload(df, enc, a.seeds, a.frac)
