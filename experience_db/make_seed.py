@@ -1,13 +1,15 @@
-"""Build experience_db/seed/ (a bank bundle) from the Ultra-Scale Playbook measurements.
+"""Build infrarsi/bank/seed/ (a bank bundle shipped in the package) from the Ultra-Scale
+Playbook measurements.
 
-    .venv/bin/python experience_db/make_seed.py [--csv ../shared/data/ultrascale_playbook_benchmarks.csv]
+    INFRARSI_DATA_DIR=/path/to/data .venv/bin/python experience_db/make_seed.py
+    .venv/bin/python experience_db/make_seed.py --csv /path/to/ultrascale_playbook_benchmarks.csv
 
 The CSV (Apache-2.0, see experience_db/README.md) is read, never copied. What is kept, per
 workload (model, nodes): the 5 fastest distinct configs that ran (tokens/s per GPU), and at
 each (tp, pp, zero) layout the first micro-batch size above the largest that ran when it
 crashed ("crashed_or_oom": an OOM boundary), as trials and as findings. Workloads where every
 config crashed keep their 3 smallest-memory configs as crashed trials. Signatures and hardware
-are built exactly as configs/tables/ultrascale.yaml builds them, so the table backend's
+are built exactly as infrarsi/configs/tables/ultrascale.yaml builds them, so the table backend's
 workloads find this experience by exact key.
 """
 
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import shutil
 import tempfile
 from collections import defaultdict
@@ -23,7 +24,9 @@ from pathlib import Path
 
 import yaml
 
+from infrarsi._home import data_dir
 from infrarsi.bank import ExperienceBank
+from infrarsi.bench._sources import DEFAULT_TABLE_SPEC
 from infrarsi.space import config_key
 from infrarsi.trial import (
     HardwareFingerprint,
@@ -33,7 +36,8 @@ from infrarsi.trial import (
     WorkloadSignature,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: the bundle is written into its package
+CSV_NAME = "ultrascale_playbook_benchmarks.csv"
 ORIGIN = "seed:ultrascale-playbook"
 SOURCE = ("Hugging Face Ultra-Scale Playbook benchmark (nanotron), Apache-2.0; "
           "ultrascale_playbook_benchmarks.csv")
@@ -99,7 +103,7 @@ def _select(rows: list[tuple[int, dict]]):
 
 
 def build(csv_path: Path, out: Path) -> dict:
-    spec = yaml.safe_load((ROOT / "configs" / "tables" / "ultrascale.yaml").read_text())
+    spec = yaml.safe_load(DEFAULT_TABLE_SPEC.read_text())
     groups: dict[tuple[str, int], list[tuple[int, dict]]] = defaultdict(list)
     with csv_path.open() as f:
         for line, row in enumerate(csv.DictReader(f), start=2):
@@ -127,11 +131,11 @@ def build(csv_path: Path, out: Path) -> dict:
 
 
 def main() -> None:
-    default = Path(os.environ.get("INFRARSI_DATA_DIR", ROOT.parent / "shared" / "data"))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--csv", type=Path, default=default / "ultrascale_playbook_benchmarks.csv")
-    p.add_argument("--out", type=Path, default=ROOT / "experience_db" / "seed")
+    p.add_argument("--csv", type=Path, help=f"the table (default: $INFRARSI_DATA_DIR/{CSV_NAME})")
+    p.add_argument("--out", type=Path, default=ROOT / "infrarsi" / "bank" / "seed")
     args = p.parse_args()
+    args.csv = args.csv or data_dir(CSV_NAME) / CSV_NAME
     manifest = build(args.csv, args.out)
     rows = {k: v["rows"] for k, v in manifest["tables"].items() if v["rows"]}
     size = sum(f.stat().st_size for f in args.out.iterdir())

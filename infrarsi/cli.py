@@ -138,14 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("init", help="lock the task contract (runs the baseline once)")
-    s.add_argument("task", help="task spec YAML, e.g. configs/tasks/cpu_dense.yaml")
-    s.add_argument("--run-dir", help="where contract.json goes (default: the spec's run_dir)")
+    s.add_argument("task", help="task spec YAML, or a built-in task: cpu_dense, cpu_moe, gpu_dense, gpu_moe")
+    s.add_argument("--run-dir", help="where contract.json goes (default: the spec's run_dir, else $INFRARSI_HOME/runs/NAME)")
     s.add_argument("--local-mode", action="store_true",
                    help="run the baseline in this process (no Ray workers; for quick checks)")
     s.set_defaults(func=cmd_init)
 
     s = sub.add_parser("trial", help="run one trial of one knob setting and print its record")
-    s.add_argument("task", help="task spec YAML")
+    s.add_argument("task", help="task spec YAML or built-in task name (as for init)")
     s.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                    help="override a knob of the baseline, e.g. --set micro_batch_size=4 (repeatable)")
     s.add_argument("--run-dir", help="run directory whose contract checks the trial (default: the spec's)")
@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-concurrent", type=int, default=1,
                    help="trials at once (each is a Ray Train job of its own size)")
     s.add_argument("--bank-url", help="experience bank URL (default: task spec, $INFRARSI_BANK_URL, "
-                   "else experience_db/bank.sqlite)")
+                   "else $INFRARSI_HOME/bank.sqlite)")
     s.add_argument("--cold", action="store_true", help="ignore experience from the bank")
     s.add_argument("--no-patches", action="store_true",
                    help="search launch knobs only: no source patches proposed, verified or tried")

@@ -17,6 +17,7 @@ __all__ = [
     "TrialError",
     "BankError",
     "PatchRejectedError",
+    "PackageDataError",
     "ModelFallbackWarning",
 ]
 
@@ -59,3 +60,8 @@ class PatchRejectedError(InfraRSIError):
 
 class ModelFallbackWarning(UserWarning):
     """A cost model could not fit its data and fell back to its priors."""
+
+
+class PackageDataError(InfraRSIError):
+    """A file InfraRSI ships (patch catalog, seed experience, task specs) is missing from the
+    installed package: a broken installation, never skipped silently."""

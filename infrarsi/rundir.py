@@ -11,9 +11,10 @@ A run folder is what ``infrarsi init`` creates and every later stage reads and w
     RUN/run.lock              the pid of the live run driver (run)
     RUN/bank.sqlite           a local bank, when the configured one was unreachable
     RUN/report/               report.md, report.html, plots (report)
-    RUNS/LATEST               the path of the last initialized run, beside the run folders
+    <home>/runs/LATEST        the path of the last initialized run (see infrarsi._home)
 
-This module is the low end of the package (it imports only :mod:`infrarsi.errors`): every stage
+This module is the low end of the package (it imports only :mod:`infrarsi.errors` and
+:mod:`infrarsi._home`): every stage
 names these files through it, so no two modules can disagree on a name.
 """
 
@@ -24,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from infrarsi import _home
 from infrarsi.errors import ContractError, InfraRSIError
 
 __all__ = [
@@ -51,15 +53,17 @@ class RunLockedError(InfraRSIError):
 
 
 def default_runs_root() -> Path:
-    """Where run folders and the ``LATEST`` pointer live when none is given: ``./runs``
-    (a task spec's default ``run_dir`` is ``runs/{name}``, relative to the current folder)."""
-    return Path.cwd() / "runs"
+    """Where default run folders and the ``LATEST`` pointer live: ``<home>/runs`` (a task
+    spec without ``run_dir`` runs in ``<home>/runs/<name>``; see :mod:`infrarsi._home`)."""
+    return _home.runs_root()
 
 
 # ---- which run folder --------------------------------------------------------------------
-def point_latest(run_dir: Path) -> Path:
-    """Record ``run_dir`` as the last initialized run (``LATEST`` beside it); returns the pointer."""
-    pointer = Path(run_dir).resolve().parent / LATEST_POINTER
+def point_latest(run_dir: Path, runs_root: Path | None = None) -> Path:
+    """Record ``run_dir`` as the last initialized run, in ``<home>/runs/LATEST`` (one pointer
+    per home, whatever folder the run lives in or init was started from); returns the pointer."""
+    pointer = (runs_root or default_runs_root()) / LATEST_POINTER
+    pointer.parent.mkdir(parents=True, exist_ok=True)
     pointer.write_text(str(Path(run_dir).resolve()) + "\n")
     return pointer
 
@@ -72,8 +76,8 @@ def resolve_run_dir(run_dir: str | Path | None, runs_root: Path | None = None) -
         pointer = (runs_root or default_runs_root()) / LATEST_POINTER
         if not pointer.is_file():
             raise ContractError(
-                "no run directory given and no run initialized here; run `infrarsi init TASK.yaml` "
-                "or pass --run-dir"
+                f"no run directory given and no run initialized under {pointer.parent} "
+                f"(${_home.ENV_HOME}); run `infrarsi init TASK` or pass --run-dir"
             )
         path = Path(pointer.read_text().strip())
     if not (path / CONTRACT_FILE).is_file():

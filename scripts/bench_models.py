@@ -15,7 +15,7 @@ Cost: fit time at 200 / 2,000 / 10,000 trials and time to score 10,000 candidate
 
     .venv/bin/python scripts/bench_models.py [--seeds 3] [--joint] [--out bench_models.json]
 
-The CSV is read from ../shared/data/ (never copied into the project).
+The CSV is read in place from --csv or $INFRARSI_DATA_DIR (never copied into the project).
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
-from infrarsi.errors import ModelFallbackWarning
+from infrarsi._home import data_dir
+from infrarsi.errors import ConfigError, ModelFallbackWarning
 from infrarsi.models import FeatureEncoder, PeakMemoryModel, StepTimeModel
 from infrarsi.models._gp import LeanGP
 from infrarsi.space import Knob, SearchSpace
 from infrarsi.trial import HardwareFingerprint, WorkloadSignature
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ultrascale_playbook_benchmarks.csv"
+DATA = "ultrascale_playbook_benchmarks.csv"
 KNOBS = ("dp", "tp", "pp", "mbs", "grad_acc", "zero")
 CAP_GB = 80.0
 MODELS = {  # name: (params, layers, hidden, heads)
@@ -306,7 +307,8 @@ def print_tables(per: pd.DataFrame, label: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, default=DATA.resolve())
+    ap.add_argument("--csv", "--data", dest="data", type=Path,
+                    help=f"the table (default: $INFRARSI_DATA_DIR/{DATA})")
     ap.add_argument("--seeds", type=int, default=3, help="random 20%% splits per workload")
     ap.add_argument("--frac", type=float, default=0.2)
     ap.add_argument("--joint", action="store_true", help="also fit one global model on all workloads")
@@ -314,7 +316,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="write every figure as JSON here")
     a = ap.parse_args()
     threadpool_limits(1)  # small matrices: threads only contend on a shared 2-core box
-    df = pd.read_csv(a.data)
+    try:
+        df = pd.read_csv(a.data or data_dir(DATA) / DATA)
+    except (ConfigError, FileNotFoundError) as e:
+        raise SystemExit(str(e)) from None
     enc = FeatureEncoder(build_space(df)).fit()
     report = {"command": "scripts/bench_models.py", "seeds": a.seeds, "frac": a.frac}
     per = run_per_workload(df, enc, a.seeds, a.frac)

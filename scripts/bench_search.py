@@ -65,8 +65,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--source", default="table", choices=sorted(WORKLOAD_SOURCES),
                    help="where workloads come from: the measured table (replay) or the simulator's "
                         "built-in GPU-cluster workloads")
-    p.add_argument("--spec", help="table spec YAML (default configs/tables/ultrascale.yaml)")
-    p.add_argument("--csv", help="override the CSV path (else $INFRARSI_DATA_DIR or ../shared/data)")
+    p.add_argument("--spec", help="table spec YAML (default: the shipped infrarsi/configs/tables/ultrascale.yaml)")
+    p.add_argument("--csv", help="override the CSV path (else $INFRARSI_DATA_DIR)")
     p.add_argument("--workloads", help="table: e.g. '1B:1,8B:4'; simulator: JSON, e.g. "
                    "'[{\"name\": \"moe-single-node\"}]' (default: every workload)")
     p.add_argument("--searchers", default=",".join(SEARCHERS),

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/sim_fidelity.py            # fidelity of the stored constants
     .venv/bin/python scripts/sim_fidelity.py --fit      # refit, store, then print fidelity
 
-The table is read in place from $INFRARSI_DATA_DIR or ../shared/data (never copied). The
+The table is read in place from --csv or $INFRARSI_DATA_DIR (never copied). The
 fitted constants go to infrarsi/backends/simulator/calibration.yaml with their provenance.
 """
 
@@ -14,21 +14,25 @@ import datetime as dt
 import math
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from infrarsi.backends.simulator import calibration as cal
 from infrarsi.backends.simulator.params import SimParams, load_params, save_params
+from infrarsi.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="refit the constants and store them")
     ap.add_argument("--dry-run", action="store_true", help="with --fit: print, do not store")
+    ap.add_argument("--csv", type=Path, help=f"the table (default: $INFRARSI_DATA_DIR/{cal.TABLE_FILE})")
     args = ap.parse_args(argv)
     try:
-        df = cal.load_table()
-    except FileNotFoundError as e:
+        csv = args.csv or cal.data_dir() / cal.TABLE_FILE
+        df = cal.load_table(csv)
+    except (FileNotFoundError, ConfigError) as e:
         print(e, file=sys.stderr)
         return 2
     params = load_params()
@@ -40,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.dry_run:
             path = save_params(params, {
                 "data": cal.TABLE_FILE,
-                "sha256": cal.file_sha256(cal.data_dir() / cal.TABLE_FILE),
+                "sha256": cal.file_sha256(csv),
                 "fitted_on": dt.date.today().isoformat(),
                 "method": "least_squares(soft_l1) on log tok/s/gpu of ok rows; nnls on gpu_mem_gb "
                           "of ok rows; fragmentation grid-searched for OOM agreement",

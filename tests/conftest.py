@@ -1,9 +1,16 @@
-"""Shared fixtures: one real local Ray instance per test session, project paths."""
+"""Shared fixtures: one real local Ray instance per test session, project paths.
+
+The tests never write into the user's InfraRSI home: INFRARSI_HOME points at a fresh temporary
+folder for the session (default bank, default run folders, the LATEST pointer). The measured
+tables come from $INFRARSI_DATA_DIR only; the tests that need them skip when it is unset.
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,7 +18,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "configs" / "tasks"
-SHARED_DATA = Path(os.environ.get("INFRARSI_DATA_DIR", ROOT.parent / "shared" / "data"))
+DATA_DIR = os.environ.get("INFRARSI_DATA_DIR", "").strip()
+
+_HOME = tempfile.mkdtemp(prefix="infrarsi-test-home-")
+os.environ["INFRARSI_HOME"] = _HOME  # Ray workers inherit it
+atexit.register(shutil.rmtree, _HOME, True)
 
 # Faster Ray Train polling and no token-auth prompts for the local test cluster.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
@@ -36,9 +47,12 @@ def ray_local():
 
 @pytest.fixture
 def ultrascale_csv() -> Path:
-    path = SHARED_DATA / "ultrascale_playbook_benchmarks.csv"
+    if not DATA_DIR:
+        pytest.skip("INFRARSI_DATA_DIR is not set: set it to the folder holding "
+                    "ultrascale_playbook_benchmarks.csv to run the tests on the measured table")
+    path = Path(DATA_DIR) / "ultrascale_playbook_benchmarks.csv"
     if not path.is_file():
-        pytest.skip(f"measured data not found at {path} (set INFRARSI_DATA_DIR)")
+        pytest.skip(f"measured data not found at {path} (INFRARSI_DATA_DIR)")
     return path
 
 

@@ -60,3 +60,23 @@ def test_tampering_does_not_leak_into_the_verifier():
     clock = next(e.patch for e in CATALOG if e.patch.id == "clock_obfuscated")
     verify_patch(clock, workspace=WORKSPACE, spec=tiny_spec(), isolated=False, training=False)
     assert _time.perf_counter is pc  # detected, then undone
+
+
+def test_absolute_path_of_the_installed_harness_is_refused():
+    """frozen_abs_path names a generic install path; the same patch aimed at the harness file
+    of this installation (wherever it is) is refused by the scope rule and leaves it intact."""
+    import hashlib
+    from pathlib import Path
+
+    import infrarsi.harness.clock as clock_mod
+
+    entry = next(e for e in CATALOG if e.patch.id == "frozen_abs_path")
+    clock = Path(clock_mod.__file__).resolve()
+    before = hashlib.sha256(clock.read_bytes()).hexdigest()
+    generic = entry.patch.diff.splitlines()[0].split(maxsplit=1)[1]
+    patch = type(entry.patch).from_dict({**entry.patch.to_dict(), "id": "frozen_abs_path_here",
+                                         "diff": entry.patch.diff.replace(generic, str(clock))})
+    assert str(clock) in patch.diff
+    v = verify_patch(patch, workspace=WORKSPACE, spec=tiny_spec(), training=False)
+    assert not v.accepted and v.rule == "scope", (v.rule, v.reason)
+    assert hashlib.sha256(clock.read_bytes()).hexdigest() == before

@@ -2,7 +2,8 @@
 
 A spec is data, not code: a table with other knobs (activation checkpointing, attention
 kernel, sequence parallelism, ZeRO stage) needs only a new spec. See
-``configs/tables/ultrascale.yaml`` for a commented example.
+``infrarsi/configs/tables/ultrascale.yaml`` (shipped with the package) for a commented example.
+The CSV itself is not shipped: see :func:`resolve_csv_path`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infrarsi._home import ENV_DATA_DIR, data_dir
 from infrarsi._strict import from_dict, load_yaml
 from infrarsi.errors import ConfigError
 
@@ -137,7 +139,7 @@ class TableSpec:
     memory: MemorySpec | None = None
     baseline: dict[str, Any] = field(default_factory=dict)
     trial_cost: TrialCostSpec = field(default_factory=TrialCostSpec)
-    data_dir: str = "../shared/data"
+    data_dir: str = ""  # relative to the spec file; "" : $INFRARSI_DATA_DIR (see resolve_csv_path)
     description: str = ""
     source_file: str = ""
 
@@ -180,18 +182,19 @@ def load_table_spec(path: str | Path) -> TableSpec:
     return spec
 
 
-def _project_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
 def resolve_csv_path(spec: TableSpec, override: str | Path | None = None) -> Path:
-    """Where the CSV is: ``override``, else ``spec.csv`` if absolute, else under
-    ``$INFRARSI_DATA_DIR`` when set, else under ``spec.data_dir`` relative to the project root."""
+    """Where the CSV is: ``override`` (e.g. ``--csv``), else ``spec.csv`` if absolute, else under
+    ``$INFRARSI_DATA_DIR`` when set, else under ``spec.data_dir`` relative to the spec file.
+    Neither set: a ConfigError naming the variable (the tables are never looked for in a
+    folder beside the checkout)."""
     if override is not None:
         return Path(override)
     csv = Path(spec.csv)
     if csv.is_absolute():
         return csv
-    env = os.environ.get("INFRARSI_DATA_DIR")
-    base = Path(env) if env else _project_root() / spec.data_dir
+    if os.environ.get(ENV_DATA_DIR, "").strip() or not spec.data_dir:
+        base = data_dir(f"table {spec.name!r} ({csv.name})")
+    else:
+        here = Path(spec.source_file).parent if spec.source_file else Path.cwd()
+        base = here / Path(spec.data_dir).expanduser()
     return (base / csv).resolve()

@@ -1,6 +1,6 @@
 """The experience bank: every trial kept, shared across runs, GPU types and clusters.
 
-``ExperienceBank.open(url)`` gives a SQLite file (default ``experience_db/bank.sqlite``) or a
+``ExperienceBank.open(url)`` gives a SQLite file (default ``$INFRARSI_HOME/bank.sqlite``, see :mod:`infrarsi._home`) or a
 PostgreSQL bank. Bundles (``export``/``import_bundle``) share experience between banks that
 cannot share a database; :mod:`infrarsi.bank.transfer` turns experience from one device into
 seeds and priors for another.

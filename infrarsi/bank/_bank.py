@@ -54,10 +54,11 @@ class BankCore:
     def open(cls, url: str | None = None, *, retry_s: float = 60.0, seed: bool = True):
         """Open (creating if needed) the bank at ``url``.
 
-        ``None`` means ``$INFRARSI_BANK_URL``, else ``sqlite:///<project>/experience_db/
-        bank.sqlite``. A new bank gets the current schema; a bank of another schema version is
-        refused with the command that fixes it. A bank at the default location imports the
-        shipped seed experience (experience_db/seed/) the first time it is opened.
+        ``None`` means ``$INFRARSI_BANK_URL``, else ``sqlite:///<home>/bank.sqlite`` (home:
+        ``$INFRARSI_HOME``, else the user data directory; see :mod:`infrarsi._home`). A new bank
+        gets the current schema; a bank of another schema version is refused with the command
+        that fixes it. A bank opened with ``url=None`` imports the seed experience shipped in
+        the package (infrarsi/bank/seed/) the first time it is opened.
         """
         resolved = url or default_url()
         store = Store(resolved, retry_s=retry_s)

@@ -13,7 +13,7 @@ from typing import Any
 __all__ = ["add_bank_subcommands"]
 
 _URL_HELP = ("bank URL: sqlite:///path/bank.sqlite or postgresql+psycopg://user@host/db "
-             "(default: $INFRARSI_BANK_URL, else experience_db/bank.sqlite)")
+             "(default: $INFRARSI_BANK_URL, else $INFRARSI_HOME/bank.sqlite)")
 
 
 def add_bank_subcommands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

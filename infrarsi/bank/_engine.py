@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 
+from infrarsi._home import default_bank_path
 from infrarsi.bank import _schema as S
 from infrarsi.errors import BankError
 
@@ -34,17 +35,13 @@ ENV_URL = "INFRARSI_BANK_URL"
 UPGRADE_HINT = "infrarsi bank upgrade"
 
 
-def project_root() -> Path:
-    here = Path(__file__).resolve().parents[2]
-    return here if (here / "pyproject.toml").exists() else Path.cwd()
-
-
 def default_url() -> str:
-    """``$INFRARSI_BANK_URL``, else the SQLite file ``<project>/experience_db/bank.sqlite``."""
+    """``$INFRARSI_BANK_URL``, else the SQLite file ``<home>/bank.sqlite`` (see infrarsi._home;
+    its folder is created when the bank is opened)."""
     env = os.environ.get(ENV_URL, "").strip()
     if env:
         return env
-    return f"sqlite:///{project_root() / 'experience_db' / 'bank.sqlite'}"
+    return f"sqlite:///{default_bank_path()}"
 
 
 def redact(url: str) -> str:

@@ -1,4 +1,5 @@
-"""Seed experience shipped in experience_db/seed/ (a bank bundle), imported on first use."""
+"""Seed experience shipped as package data in infrarsi/bank/seed/ (a bank bundle, rebuilt by
+experience_db/make_seed.py), imported into a bank the first time it is opened."""
 
 from __future__ import annotations
 
@@ -9,19 +10,26 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from infrarsi._resources import package_path
 from infrarsi.bank import _bundle
 from infrarsi.bank import _schema as S
-from infrarsi.bank._engine import insert_ignore, project_root
+from infrarsi.bank._engine import insert_ignore
 
 log = logging.getLogger(__name__)
 
 
 def seed_dir() -> Path:
-    return project_root() / "experience_db" / "seed"
+    """The shipped seed bundle; a PackageDataError when the installation lacks it."""
+    path = package_path("infrarsi", "bank", "seed", kind="dir")
+    package_path("infrarsi", "bank", "seed", _bundle.MANIFEST, kind="file")
+    return path
 
 
 def ensure_seed(bank: Any, path: Path | None = None) -> bool:
-    """Import the seed bundle once per bank (marked in bank_meta); True if imported now."""
+    """Import the seed bundle once per bank (marked in bank_meta); True if imported now.
+
+    ``path`` None: the shipped bundle, which must be there (PackageDataError otherwise); a
+    ``path`` given without a manifest imports nothing."""
     path = path or seed_dir()
     if not (path / _bundle.MANIFEST).is_file():
         return False

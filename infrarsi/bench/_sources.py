@@ -13,11 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infrarsi._resources import package_path
 from infrarsi.backends.base import Backend
 
 __all__ = ["DEFAULT_TABLE_SPEC", "WORKLOAD_SOURCES", "table_workloads"]
 
-DEFAULT_TABLE_SPEC = Path(__file__).resolve().parents[2] / "configs" / "tables" / "ultrascale.yaml"
+# shipped with the package; the CSV it reads comes from $INFRARSI_DATA_DIR or the csv option
+DEFAULT_TABLE_SPEC: Path = package_path("infrarsi", "configs", "tables", "ultrascale.yaml", kind="file")
 
 
 def table_workloads(options: dict[str, Any]) -> list[Backend]:

@@ -1,4 +1,5 @@
-"""The task spec (configs/tasks/*.yaml): frozen dataclasses loaded by the strict loader."""
+"""The task spec (a YAML file; the reference ones ship in infrarsi/configs/tasks, which the
+checkout's configs/ links to): frozen dataclasses loaded by the strict loader."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infrarsi._home import runs_root
+from infrarsi._resources import task_spec_path
 from infrarsi._strict import from_dict, load_yaml, to_dict
 from infrarsi.errors import ConfigError
 
@@ -138,7 +141,7 @@ class SearchSpec:
 
 @dataclass(frozen=True)
 class BankSpec:
-    """Where experience is kept. ``url`` None: $INFRARSI_BANK_URL, else experience_db/bank.sqlite."""
+    """Where experience is kept. ``url`` None: $INFRARSI_BANK_URL, else $INFRARSI_HOME/bank.sqlite."""
 
     url: str | None = None
 
@@ -165,7 +168,8 @@ class TaskSpec:
     search: SearchSpec = field(default_factory=SearchSpec)
     bank: BankSpec = field(default_factory=BankSpec)
     llm: LLMSpec | None = None
-    run_dir: str = "runs/{name}"
+    # "" : <home>/runs/{name} (infrarsi._home); a relative path is relative to the current folder
+    run_dir: str = ""
     # Where the spec was read from; relative paths in it are relative to this directory.
     base_dir: str = ""
 
@@ -174,7 +178,9 @@ class TaskSpec:
         return (Path(self.base_dir) / p).resolve() if not p.is_absolute() else p
 
     def run_path(self) -> Path:
-        p = Path(self.run_dir.format(name=self.name))
+        if not self.run_dir:
+            return runs_root() / self.name
+        p = Path(self.run_dir.format(name=self.name)).expanduser()
         return p if p.is_absolute() else (Path.cwd() / p)
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,8 +191,21 @@ class TaskSpec:
         return from_dict(cls, data, source=source)
 
 
+def _is_task_name(path: str | Path) -> bool:
+    """A bare name (no folder, no .yaml) that is not a file here: a built-in task's name."""
+    p = Path(path)
+    return (isinstance(path, str) and p.name == path and p.suffix not in (".yaml", ".yml")
+            and not p.exists())
+
+
 def load_task(path: str | Path) -> TaskSpec:
-    """Load and check a task spec; relative paths in it resolve against the file's directory."""
+    """Load and check a task spec; relative paths in it resolve against the file's directory.
+
+    ``path`` is a YAML file, or the name of a task spec shipped with the package (``cpu_dense``,
+    ``cpu_moe``, ``gpu_dense``, ``gpu_moe``) when no such file exists.
+    """
+    if _is_task_name(path):
+        path = task_spec_path(str(path))
     path = Path(path).resolve()
     data = load_yaml(path)
     if not isinstance(data, dict):

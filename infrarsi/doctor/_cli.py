@@ -29,7 +29,7 @@ def add_doctor_subcommand(sub) -> None:
                    help="the smallest speedup you want to detect (a fraction); doctor warns and "
                         "says how long trials must be when the noise floor is above it")
     s.add_argument("--bank-url", help="experience bank URL (default: task spec, $INFRARSI_BANK_URL, "
-                   "else experience_db/bank.sqlite)")
+                   "else $INFRARSI_HOME/bank.sqlite)")
     s.add_argument("--local-mode", action="store_true",
                    help="run trials in-process (no Ray Train workers; for quick checks)")
     s.set_defaults(func=cmd_doctor)

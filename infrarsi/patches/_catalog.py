@@ -8,11 +8,13 @@ named in its ``expect_rule``). Each entry is ``<id>.diff`` plus ``<id>.yaml`` me
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
+from infrarsi._resources import package_path
+from infrarsi.errors import ConfigError, PackageDataError
 from infrarsi.patches._patch import Patch, load_patch
 
-CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
+# package data (importlib.resources); a missing folder or diff is a PackageDataError
+CATALOG_DIR = package_path("infrarsi", "patches", "catalog", kind="dir")
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,16 @@ def load_catalog(kind: str | None = None, family: str | None = None) -> list[Cat
     for k in ("honest", "gaming"):
         if kind not in (None, k):
             continue
-        for y in sorted((CATALOG_DIR / k).glob("*.yaml")):
-            patch, extra = load_patch(y)
+        folder = package_path("infrarsi", "patches", "catalog", k, kind="dir")
+        for y in sorted(folder.glob("*.yaml")):
+            if not y.with_suffix(".diff").is_file():
+                raise PackageDataError(
+                    f"patch catalog entry {k}/{y.stem}: {y.name} is installed without its "
+                    f"{y.stem}.diff; the installation is incomplete: reinstall infrarsi")
+            try:
+                patch, extra = load_patch(y)
+            except ConfigError as e:  # a shipped entry that does not parse is a broken package
+                raise PackageDataError(f"patch catalog entry {k}/{y.stem}: {e}") from None
             if family and patch.families and family not in patch.families:
                 continue
             out.append(CatalogEntry(patch, k, extra.get("expect", "accept" if k == "honest" else "reject"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 BANK_HELP = ("experience bank URL the run wrote to (default: the task's, $INFRARSI_BANK_URL, "
-             "else experience_db/bank.sqlite; the run's own RUN/bank.sqlite is tried too)")
+             "else $INFRARSI_HOME/bank.sqlite; the run's own RUN/bank.sqlite is tried too)")
 
 
 def add_run_dir_arguments(s: argparse.ArgumentParser) -> None:

@@ -193,7 +193,7 @@ def open_bank_for(run_dir: Path, contract: Contract, run_id: str, bank_url: str 
     raise ReportInputError(
         f"cannot find run {run_id} of {run_dir} in any experience bank; tried: " + "; ".join(tried)
         + ". Pass the bank the run wrote to with --bank-url URL (or set $INFRARSI_BANK_URL), "
-        "e.g. --bank-url sqlite:////path/to/experience_db/bank.sqlite"
+        "e.g. --bank-url sqlite:////path/to/bank.sqlite"
     )
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infrarsi.errors import PackageDataError
 from infrarsi.patches import Patch, PatchVerdict, Scope, find_conflicts, tree_digest, verify_patch
 from infrarsi.rundir import PATCHES_FILE, write_json
 
@@ -127,12 +128,16 @@ def _propose(proposer: Any, context: dict[str, Any], progress) -> list[Patch]:
 
     try:
         return list(proposer.patches(context))
+    except PackageDataError:  # a broken installation (e.g. catalog diffs missing) is no warning
+        raise
     except Exception as e:  # noqa: BLE001 - a proposer's crash must not stop the run
         progress(f"warning: the {getattr(proposer, 'name', 'patch')} proposer failed ({e})")
     if isinstance(proposer, ExpertProposer):
         return []
     try:
         return list(ExpertProposer().patches(context))
+    except PackageDataError:
+        raise
     except Exception as e:  # noqa: BLE001
         progress(f"warning: the expert proposer failed too ({e}); searching without patches")
         return []

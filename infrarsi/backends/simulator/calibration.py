@@ -15,20 +15,20 @@ ZeRO stage (the other knobs at the table's setting: bf16, no checkpointing, no c
 
 Fidelity per workload (model, nodes): Spearman of simulated vs measured tokens/s per GPU over
 ok rows, and the confusion of simulated OOM vs measured crashed_or_oom over all rows.
-The data are read in place (``INFRARSI_DATA_DIR`` or ``../shared/data``); never copied.
+The data are read in place from ``$INFRARSI_DATA_DIR`` (or an explicit path); never copied.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from infrarsi import _home
 from infrarsi.backends.simulator._plan import Plan, make_plan
 from infrarsi.backends.simulator.hardware import GPUS, Cluster
 from infrarsi.backends.simulator.memory import stage_memory
@@ -55,14 +55,12 @@ GiB = 2**30
 
 
 def data_dir() -> Path:
-    """``$INFRARSI_DATA_DIR`` if set, else ``../shared/data`` relative to the project root."""
-    env = os.environ.get("INFRARSI_DATA_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3].parent / "shared" / "data"
+    """``$INFRARSI_DATA_DIR``; a ConfigError naming the variable when it is unset."""
+    return _home.data_dir(TABLE_FILE)
 
 
 def load_table(path: Path | None = None) -> pd.DataFrame:
+    """The measured table: ``path``, else ``$INFRARSI_DATA_DIR/<TABLE_FILE>``."""
     path = Path(path) if path else data_dir() / TABLE_FILE
     if not path.is_file():
         raise FileNotFoundError(
