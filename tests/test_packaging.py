@@ -145,7 +145,9 @@ def test_no_product_file_names_a_development_machine():
     hits = []
     for rel in tracked.stdout.split():
         p = ROOT / rel
-        if rel == "tests/test_packaging.py" or p.is_symlink() or not p.is_file():
+        # .ci/run is this repository's CI job, not the product: it names the measured tables
+        # for the CI machine explicitly through INFRARSI_DATA_DIR, as a user would
+        if rel in ("tests/test_packaging.py", ".ci/run") or p.is_symlink() or not p.is_file():
             continue
         try:
             text = p.read_text()
