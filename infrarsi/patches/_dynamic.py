@@ -243,7 +243,7 @@ class Sketcher:
 
 
 def probe_candidate(patched_ws: str, spec: TaskSpec, ref: dict[str, Any], *, rtol: float,
-                    atol: float = 1e-7) -> dict[str, Any]:
+                    atol: float = 1e-7, after_build=None) -> dict[str, Any]:
     """Feed the patched model (loaded with the reference's weights) the probe's micro-batches and
     compare each call with the clean baseline's reference; raise CheckFailed at the first drift.
 
@@ -253,13 +253,13 @@ def probe_candidate(patched_ws: str, spec: TaskSpec, ref: dict[str, Any], *, rto
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _probe(patched_ws, spec, ref, rtol=rtol, atol=atol)
+        return _probe(patched_ws, spec, ref, rtol=rtol, atol=atol, after_build=after_build)
     finally:
         torch.set_num_threads(threads)
 
 
 def _probe(patched_ws: str, spec: TaskSpec, ref: dict[str, Any], *, rtol: float,
-           atol: float) -> dict[str, Any]:
+           atol: float, after_build=None) -> dict[str, Any]:
     with load_entry(patched_ws, spec.workload.entry) as ep:
         try:
             patched = _build(ep, spec)
@@ -267,6 +267,8 @@ def _probe(patched_ws: str, spec: TaskSpec, ref: dict[str, Any], *, rtol: float,
             raise
         except Exception as e:  # noqa: BLE001 - the patched code's own failure
             raise CheckFailed(f"the patched model fails to build: {type(e).__name__}: {e}", "crash") from None
+        if after_build is not None:
+            after_build()  # what importing and building the patched code changed, first
         bsd, psd = ref["state"], patched.state_dict()
         if {k: tuple(v.shape) for k, v in bsd.items()} != {k: tuple(v.shape) for k, v in psd.items()}:
             diff = sorted(set(bsd) ^ set(psd))[:4]

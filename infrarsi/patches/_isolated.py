@@ -88,7 +88,8 @@ def candidate_checks(req: dict[str, Any]) -> dict[str, Any]:
         integrity = S.Integrity()
         before = D.snapshot()
         with S.NumericsGuard(1) as ng:
-            ev.update(D.probe_candidate(req["patched_ws"], spec, ref, rtol=req["grad_rtol"]))
+            ev.update(D.probe_candidate(req["patched_ws"], spec, ref, rtol=req["grad_rtol"],
+                                        after_build=lambda: _check(integrity, ng, None)))
         _check(integrity, ng, None)
         _tamper(D, before)
         if req.get("training", True):
@@ -113,7 +114,12 @@ def candidate_checks(req: dict[str, Any]) -> dict[str, Any]:
             out.update(loss_trace=result["loss_trace"], state_checksum=result["state_checksum"])
             ev["step_times_s"] = result["step_times_s"]
     except D.CheckFailed as e:
-        out.update(ok=False, rule=e.rule, reason=str(e))
+        rule, reason = e.rule, str(e)
+        if S.violations():  # the refused action is the reason, not the failure it caused
+            rule, reason = "sandbox", "sandbox: " + S.violations()[0]
+        note = (" (under a gloo process group, as real trials run)"
+                if "process_group" in ev and rule in ("loss", "gradient", "work") else "")
+        out.update(ok=False, rule=rule, reason=reason + note)
     except S.SandboxViolation as e:
         out.update(ok=False, rule="sandbox", reason=str(e))
     return out

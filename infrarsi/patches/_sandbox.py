@@ -109,6 +109,14 @@ def install_audit(scratch: str | Path, timer_args: tuple[str, ...]) -> None:
         elif event == "subprocess.Popen":
             if list(args[1] or []) != timer:
                 refuse(f"refused to start a process ({args[1]!r})")
+        elif event in ("sys._getframe", "sys._getframemodulename"):
+            local.busy = True
+            try:
+                bad = from_patched()
+            finally:
+                local.busy = False
+            if bad:
+                refuse("refused a frame lookup by the patched code (reaches into frames)")
         elif event == "import":
             module = str(args[0] or "")
             if module.split(".")[0] == harness:

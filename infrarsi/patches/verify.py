@@ -103,7 +103,7 @@ def verify_patch(patch: Patch, *, workspace: str | Path, spec: TaskSpec | None =
                  contract: Any = None, scope: Scope | None = None,
                  config: dict[str, Any] | None = None, probe_calls: int | None = None,
                  training: bool = True, keep: Path | None = None, isolated: bool = True,
-                 timeout_s: float = 600.0) -> PatchVerdict:
+                 timeout_s: float = 600.0, static: bool = True) -> PatchVerdict:
     """Apply ``patch`` to an isolated copy of ``workspace`` and judge it (see module doc).
 
     Give ``contract`` (preferred: its scope, frozen hashes and loss tolerance) or ``spec``.
@@ -112,7 +112,8 @@ def verify_patch(patch: Patch, *, workspace: str | Path, spec: TaskSpec | None =
     ``isolated``: run the patched candidate in its own sandboxed child process under a process
     group (default, as ``infrarsi run`` does). False runs it in this process without the
     sandbox or the process group (debugging only: a tampering patch reaches this process until
-    detected and undone). The baseline always runs in its own clean process.
+    detected and undone). The baseline always runs in its own clean process. ``static=False``
+    skips the static scan (only to test that the dynamic checks catch what it would).
     """
     if spec is None:
         if contract is None:
@@ -146,7 +147,7 @@ def verify_patch(patch: Patch, *, workspace: str | Path, spec: TaskSpec | None =
             if after is not None and rel.endswith(".py"):
                 findings += [f"{rel}: {f}" for f in new_findings(before, after, rel)]
         ev["static_findings"] = findings
-        if findings:
+        if findings and static:
             return verdict("static", "forbidden construct(s): " + "; ".join(findings))
         digest = tree_digest(root)
         try:
