@@ -24,7 +24,9 @@ _perf = time.perf_counter
 _wall = time.time
 
 # The timer process: one monotonic timestamp (ns) per line received, all printed at EOF.
+# It says "r" once it reads, so no mark is timestamped late by the timer's own start-up.
 TIMER_SRC = ("import sys,time\nm=time.monotonic_ns\nr=sys.stdin.buffer.readline\nts=[]\n"
+             "sys.stdout.write('r');sys.stdout.flush()\n"
              "while r():\n ts.append(m())\nsys.stdout.write(' '.join(map(str,ts)))\n")
 TIMER_ARGS = (sys.executable, "-I", "-S", "-c", TIMER_SRC)
 
@@ -58,6 +60,8 @@ class StepClock:
         self._gaps: set[int] = set()  # indices of marks that start a new interval
         self._timer = (subprocess.Popen(TIMER_ARGS, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL) if outside else None)
+        if self._timer is not None and self._timer.stdout.read(1) != b"r":
+            raise RuntimeError("the step timer process did not start (python -I -S -c ...)")
 
     def mark(self) -> float:
         if self.device.type == "cuda":
