@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import pytest
 from _patch_specs import WORKSPACE, tiny_spec
@@ -71,11 +72,11 @@ DYNAMIC = [e for e in CATALOG if e.expect_dynamic_rule]
 
 
 @pytest.mark.parametrize("entry", DYNAMIC, ids=[e.patch.id for e in DYNAMIC])
-def test_what_the_static_scan_refuses_the_dynamic_checks_refuse_too(entry, tmp_path):
+def test_what_the_static_scan_refuses_the_dynamic_checks_refuse_too(entry):
     """With the static scan off, the structural defence behind it rejects the patch: the sandbox
     (a write outside the workspace, os.putenv, a frame lookup) or the namespace hash (the
     clock's private reference); no file appears outside the workspace."""
-    marker = tmp_path.parent / "gaming_outside_marker.txt"
+    marker = Path("/tmp/gaming_outside_marker.txt")  # where raw_write_outside writes
     v = verify_patch(entry.patch, workspace=WORKSPACE, spec=tiny_spec(), static=False)
     assert not v.accepted and v.rule == entry.expect_dynamic_rule, f"{v.rule}: {v.reason}"
     assert not marker.exists()
@@ -120,5 +121,7 @@ def test_tampering_does_not_leak_into_the_verifier():
 
     pc = _time.perf_counter
     clock = next(e.patch for e in CATALOG if e.patch.id == "clock_obfuscated")
-    verify_patch(clock, workspace=WORKSPACE, spec=tiny_spec(), isolated=False, training=False)
+    v = verify_patch(clock, workspace=WORKSPACE, spec=tiny_spec(), isolated=False, training=False,
+                     static=False)
+    assert v.rule == "tamper"
     assert _time.perf_counter is pc  # detected, then undone

@@ -77,6 +77,7 @@ def candidate_checks(req: dict[str, Any]) -> dict[str, Any]:
     spec = D.verification_spec(TaskSpec.from_dict(req["task"]))
     ev: dict[str, Any] = {}
     out: dict[str, Any] = {"ok": True, "rule": "", "reason": "", "evidence": ev}
+    before = None
     try:
         D.prime()
         if req.get("sandbox", True):
@@ -114,6 +115,8 @@ def candidate_checks(req: dict[str, Any]) -> dict[str, Any]:
             out.update(loss_trace=result["loss_trace"], state_checksum=result["state_checksum"])
             ev["step_times_s"] = result["step_times_s"]
     except D.CheckFailed as e:
+        if before is not None:
+            D.restore(before)  # matters only in-process (sandbox off): undo what was detected
         rule, reason = e.rule, str(e)
         if S.violations():  # the refused action is the reason, not the failure it caused
             rule, reason = "sandbox", "sandbox: " + S.violations()[0]
