@@ -146,6 +146,12 @@ def train_worker(payload: dict[str, Any]) -> dict[str, Any]:
     rest of its steps would only spend device time. The harness still owns the clock, the
     loss check and the work: the hint can only end a trial sooner, never change what it measures.
 
+    Every step boundary is also timestamped by an outside timer process (``clock.StepClock``);
+    ``step_times_s`` are its times, and a trial whose in-process clock disagrees raises
+    ``ClockTamperError`` (its message gives the true step times). Verification only:
+    ``state_checksum`` (True: return a checksum of the parameters and optimizer state after the
+    last step) and ``step_guard`` (a callable run at every step boundary).
+
     Raises ``torch.OutOfMemoryError`` (real on CUDA, emulated on CPU: the message never gives
     the true peak), ``CompileFailure`` when torch.compile fails, ``IllegalConfigError`` when
     ``num_workers`` does not match the job's world size.

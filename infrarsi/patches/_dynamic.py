@@ -2,13 +2,16 @@
 
 Three checks, each catching what the others and the static scan cannot:
 
-* **probe** — both models built at the contract's seed, the patched one loaded with the
+* **probe** — the baseline's side is a reference computed in a clean process
+  (:func:`probe_reference`: weights, per-call losses and gradient sketches); the patched model
+  is built at the contract's seed in another process (:func:`probe_candidate`), loaded with the
   baseline's weights (same state dict: names and shapes, else rejected), then fed the exact
   micro-batch sequence a one-rank trial feeds (harness data, micro-batch 1, every step of a
   trial, so a patch that counts calls and cheats "after warm-up" is still in range). Every call
   compares the output shape (the work), the loss and every parameter's gradient in fp32.
-* **training** — the harness's own ``train_worker`` (in process, world 1) runs both workspaces
-  over every timed step; the loss traces must agree within the contract's tolerance. This
+* **training** — the harness's own ``train_worker`` (world 1, under a process group) runs each
+  workspace in its own process over every step; the loss traces must agree within the
+  contract's tolerance and the state after the last step within :data:`CHECKSUM_RTOL`. This
   catches stale caches that the fixed-weight probe cannot see (weights move between steps).
 * **tamper** — identities of the clock, barrier, sync, loss, optimizer and harness functions,
   live threads, the environment, global numerics and tracer hooks are snapshotted before the
