@@ -83,14 +83,16 @@ def install_audit(scratch: str | Path, timer_args: tuple[str, ...]) -> None:
         p = os.path.abspath(os.fsdecode(path))
         return p == roots[1] or (p + os.sep).startswith(roots[0])
 
-    def from_patched() -> bool:
+    def from_patched(direct: bool = False) -> bool:
         # Is a frame of the patched workspace on the stack (the caller, not the harness)?
+        # ``direct``: only the immediate caller (torch and warnings look up frames themselves
+        # on behalf of any code, honest patches included).
         f = sys._getframe(2)
         while f is not None:
             name = f.f_globals.get("__name__", "")
             if name.startswith("_infrarsi_ws_"):
                 return True
-            f = f.f_back
+            f = None if direct else f.f_back
         return False
 
     def hook(event: str, args: tuple) -> None:
@@ -112,7 +114,7 @@ def install_audit(scratch: str | Path, timer_args: tuple[str, ...]) -> None:
         elif event in ("sys._getframe", "sys._getframemodulename"):
             local.busy = True
             try:
-                bad = from_patched()
+                bad = from_patched(direct=True)
             finally:
                 local.busy = False
             if bad:
