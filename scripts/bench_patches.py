@@ -8,12 +8,22 @@ median over rounds of (baseline median step time / variant median step time) in 
 
     .venv/bin/python scripts/bench_patches.py                    # cpu_dense and cpu_moe, 5 rounds
     .venv/bin/python scripts/bench_patches.py --tasks cpu_moe --rounds 3 --micro-batch-size 2
+
+``--verify-cost BEFORE_TREE`` measures instead the seconds ``verify_patch`` takes per honest
+patch (a fresh verifier process per side and task, so each side computes its baseline once, as a
+run does), with this tree's code and with the code of BEFORE_TREE (e.g. ``git archive <commit>``
+unpacked), side by side:
+
+    .venv/bin/python scripts/bench_patches.py --tasks cpu_dense --verify-cost /tmp/before
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -85,6 +95,47 @@ def bench_task(name: str, rounds: int, mbs: int | None, verify: bool, stat: str)
     return rows
 
 
+_COST = """
+import json, sys, time
+from pathlib import Path
+from infrarsi.contract import load_task
+from infrarsi.patches import honest_patches, verify_patch
+spec = load_task(Path(sys.argv[1]))
+out = {}
+for p in honest_patches(spec.workload.family):
+    t0 = time.perf_counter()
+    v = verify_patch(p, workspace=spec.workspace_path(), spec=spec)
+    out[p.id] = [time.perf_counter() - t0, v.rule or "accepted"]
+print("@@cost " + json.dumps(out))
+"""
+
+
+def _verify_cost(tree: Path, task: Path) -> dict[str, list]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run([sys.executable, "-c", _COST, str(task)], cwd=tree, env=env,
+                          capture_output=True, text=True, check=False)
+    for line in proc.stdout.splitlines():
+        if line.startswith("@@cost "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"verify-cost run in {tree} failed: {proc.stderr[-1500:]}")
+
+
+def verify_cost(tasks: list[str], before: Path) -> None:
+    """Seconds per verified patch, before (BEFORE_TREE's code) and after (this tree's)."""
+    print(f"\n{'task':10} {'patch':24} {'before s':>9} {'after s':>9} {'ratio':>6}  verdicts")
+    for t in tasks:
+        task = ROOT / "configs" / "tasks" / f"{t}.yaml"
+        old = _verify_cost(before.resolve(), task)
+        new = _verify_cost(ROOT, task)
+        for pid in new:
+            b, a = old.get(pid, [float("nan"), "-"]), new[pid]
+            print(f"{t:10} {pid:24} {b[0]:9.1f} {a[0]:9.1f} {a[0] / b[0]:5.2f}x  {b[1]} / {a[1]}",
+                  flush=True)
+        print(f"{t:10} {'total':24} {sum(v[0] for v in old.values()):9.1f} "
+              f"{sum(v[0] for v in new.values()):9.1f}")
+    print("\nThe first patch of each side includes computing that side's baseline reference.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", nargs="+", default=["cpu_dense", "cpu_moe"])
@@ -94,7 +145,12 @@ def main() -> None:
     ap.add_argument("--stat", choices=("median", "min"), default="median",
                     help="per-run step-time statistic; min resists a loaded, shared machine")
     ap.add_argument("--no-verify", action="store_true", help="skip verify_patch (faster)")
+    ap.add_argument("--verify-cost", type=Path, metavar="BEFORE_TREE", default=None,
+                    help="measure verify_patch seconds per patch, this tree vs BEFORE_TREE")
     args = ap.parse_args()
+    if args.verify_cost:
+        verify_cost(args.tasks, args.verify_cost)
+        return
     rows = []
     for t in args.tasks:
         print(f"== {t}", flush=True)

@@ -1,9 +1,14 @@
 """The adversarial catalog: every honest patch accepted, every gaming patch rejected (and by
-the rule its metadata names). Zero honest rejected, zero gaming accepted."""
+the rule its metadata names). Zero honest rejected, zero gaming accepted.
+
+Every verdict goes through the path ``infrarsi run`` uses (``verify_patch`` with its defaults:
+a clean baseline process, a sandboxed candidate process under a process group)."""
 
 from __future__ import annotations
 
+import random
 import time
+from pathlib import Path
 
 import pytest
 from _patch_specs import WORKSPACE, tiny_spec
@@ -12,8 +17,12 @@ from infrarsi.harness.train import SETTLE_STEPS
 from infrarsi.patches import load_catalog, verify_patch
 
 CATALOG = load_catalog()
-# Patches that tamper with the process: verified in a child process (the default), as in a run.
-ISOLATED = {"clock_obfuscated"}
+# One case per class of issue 34 (a hostile patch the earlier verifier accepted).
+ISSUE_34 = {"process_wide_linear": "process-wide change", "clock_private_reference": "infrarsi",
+            "attr_chain_env": "attribute chain", "sys_modules_frames": "frames",
+            "raw_write_outside": "attribute chain", "process_group_skip": "process group",
+            "skip_last_step": "work skipped at the last step", "threads_indirect": "thread count",
+            "numerics_in_forward": "numerics lowered inside forward"}
 
 
 def _family(entry) -> str:
@@ -37,8 +46,7 @@ def test_catalog_is_complete():
 def test_catalog_verdict(entry):
     t0 = time.perf_counter()
     spec = tiny_spec(_family(entry))
-    v = verify_patch(entry.patch, workspace=WORKSPACE, spec=spec,
-                     isolated=entry.patch.id in ISOLATED)
+    v = verify_patch(entry.patch, workspace=WORKSPACE, spec=spec)
     if entry.expect == "accept":
         assert v.accepted, f"honest patch {entry.patch.id} rejected: {v.rule}: {v.reason}"
         assert v.evidence["probe_max_grad_rel"] <= 1e-5
@@ -50,7 +58,62 @@ def test_catalog_verdict(entry):
         assert not v.accepted, f"gaming patch {entry.patch.id} accepted"
         assert v.rule == entry.expect_rule, f"{entry.patch.id}: {v.rule}: {v.reason}"
         assert v.reason
-    assert time.perf_counter() - t0 < 60
+        if entry.patch.id in ISSUE_34:  # the reason names the class
+            assert ISSUE_34[entry.patch.id] in v.reason, v.reason
+    assert time.perf_counter() - t0 < 90
+
+
+def test_issue_34_catalog_has_a_case_per_class():
+    ids = {e.patch.id for e in CATALOG}
+    assert set(ISSUE_34) <= ids
+
+
+DYNAMIC = [e for e in CATALOG if e.expect_dynamic_rule]
+
+
+@pytest.mark.parametrize("entry", DYNAMIC, ids=[e.patch.id for e in DYNAMIC])
+def test_what_the_static_scan_refuses_the_dynamic_checks_refuse_too(entry):
+    """With the static scan off, the structural defence behind it rejects the patch: the sandbox
+    (a write outside the workspace, os.putenv, a frame lookup) or the namespace hash (the
+    clock's private reference); no file appears outside the workspace."""
+    marker = Path("/tmp/gaming_outside_marker.txt")  # where raw_write_outside writes
+    v = verify_patch(entry.patch, workspace=WORKSPACE, spec=tiny_spec(), static=False)
+    assert not v.accepted and v.rule == entry.expect_dynamic_rule, f"{v.rule}: {v.reason}"
+    assert not marker.exists()
+
+
+def _entry(pid):
+    return next(e for e in CATALOG if e.patch.id == pid)
+
+
+def test_process_group_dependent_patch_passes_without_a_group_and_fails_with_one():
+    """The candidate runs under a gloo process group as real trials do; the in-process debug
+    path has none, and there the patch looks honest (so the group is what rejects it)."""
+    entry, spec = _entry("process_group_skip"), tiny_spec()
+    without = verify_patch(entry.patch, workspace=WORKSPACE, spec=spec, isolated=False)
+    assert without.accepted, without.reason
+    with_group = verify_patch(entry.patch, workspace=WORKSPACE, spec=spec)
+    assert with_group.rule == "loss" and "process group" in with_group.reason
+
+
+def test_last_step_skip_passes_the_loss_trace_and_fails_the_checksum():
+    v = verify_patch(_entry("skip_last_step").patch, workspace=WORKSPACE, spec=tiny_spec())
+    assert v.rule == "checksum"
+    # every recorded loss agreed: without the checksum the patch would have been accepted
+    assert v.evidence == {} or v.evidence.get("train_max_loss_rel", 0) <= 1e-5
+
+
+def test_honest_patches_are_accepted_in_any_order_among_gaming_ones():
+    """A shuffled sequence of honest and gaming patches in one verifier process (one baseline
+    cache): a gaming patch verified first cannot poison the baseline the honest ones meet."""
+    gaming = [_entry(p) for p in ("process_wide_linear", "threads_indirect", "skip_last_step")]
+    honest = [e for e in CATALOG if e.kind == "honest" and _family(e) == "dense"]
+    order = gaming + honest
+    random.Random(34).shuffle(order)
+    order = gaming[:1] + [e for e in order if e is not gaming[0]]  # a gaming patch goes first
+    for e in order:
+        v = verify_patch(e.patch, workspace=WORKSPACE, spec=tiny_spec())
+        assert v.accepted == (e.kind == "honest"), f"{e.patch.id}: {v.rule}: {v.reason}"
 
 
 def test_tampering_does_not_leak_into_the_verifier():
@@ -58,7 +121,9 @@ def test_tampering_does_not_leak_into_the_verifier():
 
     pc = _time.perf_counter
     clock = next(e.patch for e in CATALOG if e.patch.id == "clock_obfuscated")
-    verify_patch(clock, workspace=WORKSPACE, spec=tiny_spec(), isolated=False, training=False)
+    v = verify_patch(clock, workspace=WORKSPACE, spec=tiny_spec(), isolated=False, training=False,
+                     static=False)
+    assert v.rule == "tamper"
     assert _time.perf_counter is pc  # detected, then undone
 
 

@@ -1,24 +1,67 @@
 """The harness-owned step clock: a cross-rank barrier, a device sync, then ``perf_counter``.
 
-Patches cannot touch this file (it is outside the editable scope and frozen by the contract).
+Patches cannot touch this file (it is outside the editable scope and frozen by the contract),
+but the patched model runs in the same interpreter and could still reach the clock's objects at
+run time (its module globals, ``time``). So every synchronized step boundary is also sent over
+a pipe to a small **timer process** (:data:`TIMER_ARGS`: a bare ``python -I -S`` reading lines)
+that timestamps it with its own ``CLOCK_MONOTONIC``: nothing the patched code can rebind runs
+there. At the end the two clocks are compared; a disagreement beyond :data:`CLOCK_RTOL` is
+clock tampering (:class:`ClockTamperError`, whose message gives the outside clock's step times).
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+# Private references taken when the harness is imported (before any patched code runs).
+_perf = time.perf_counter
+_wall = time.time
+
+# The timer process: one monotonic timestamp (ns) per line received, all printed at EOF.
+# It says "r" once it reads, so no mark is timestamped late by the timer's own start-up.
+TIMER_SRC = ("import sys,time\nm=time.monotonic_ns\nr=sys.stdin.buffer.readline\nts=[]\n"
+             "sys.stdout.write('r');sys.stdout.flush()\n"
+             "while r():\n ts.append(m())\nsys.stdout.write(' '.join(map(str,ts)))\n")
+TIMER_ARGS = (sys.executable, "-I", "-S", "-c", TIMER_SRC)
+
+# The two clocks read the same boundaries microseconds apart (a pipe write, a scheduler wake-up
+# of the timer: ~0.1 ms, up to a few ms on a loaded box), so the measured total may differ by
+# this share plus CLOCK_ATOL_S per interval before it counts as tampering. A clock that runs at
+# half speed (the gaming patches' "2x") is 50% off.
+CLOCK_RTOL = 0.15
+CLOCK_ATOL_S = 0.005
+
+
+class ClockTamperError(RuntimeError):
+    """The in-process clock disagrees with the outside timer: something in the trial's process
+    changed what the harness's clock reads (clock tampering)."""
+
 
 class StepClock:
-    """Marks step boundaries; every mark waits for all ranks and for the device to finish."""
+    """Marks step boundaries; every mark waits for all ranks and for the device to finish.
 
-    def __init__(self, device: torch.device) -> None:
+    ``guard`` (optional) runs after each mark: the verifier's integrity check of the process
+    at every step boundary (off the timed path of real trials, where it is None).
+    """
+
+    def __init__(self, device: torch.device, guard: Callable[[], None] | None = None,
+                 outside: bool = True) -> None:
         self.device = device
+        self.guard = guard
         self.marks: list[float] = []
         self.wall_marks: list[float] = []
+        self.outside_marks: list[float] | None = None
         self._gaps: set[int] = set()  # indices of marks that start a new interval
+        self._timer = (subprocess.Popen(TIMER_ARGS, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL) if outside else None)
+        if self._timer is not None and self._timer.stdout.read(1) != b"r":
+            raise RuntimeError("the step timer process did not start (python -I -S -c ...)")
 
     def mark(self) -> float:
         if self.device.type == "cuda":
@@ -27,9 +70,14 @@ class StepClock:
             dist.barrier()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        t = time.perf_counter()
+        t = _perf()
+        if self._timer is not None:
+            self._timer.stdin.write(b"m\n")
+            self._timer.stdin.flush()
         self.marks.append(t)
-        self.wall_marks.append(time.time())
+        self.wall_marks.append(_wall())
+        if self.guard is not None:
+            self.guard()
         return t
 
     def restart(self) -> float:
@@ -38,6 +86,41 @@ class StepClock:
         self._gaps.add(len(self.marks))
         return self.mark()
 
-    def durations(self) -> list[float]:
-        return [b - a for i, (a, b) in enumerate(zip(self.marks, self.marks[1:], strict=False))
+    def _intervals(self, marks: list[float]) -> list[float]:
+        return [b - a for i, (a, b) in enumerate(zip(marks, marks[1:], strict=False))
                 if i + 1 not in self._gaps]
+
+    def durations(self) -> list[float]:
+        """Step times: the outside timer's once :meth:`close` read it, else the in-process ones."""
+        return self._intervals(self.outside_marks if self.outside_marks is not None else self.marks)
+
+    def close(self) -> None:
+        """Stop the timer process and read its timestamps (idempotent)."""
+        timer, self._timer = self._timer, None
+        if timer is None:
+            return
+        try:
+            out, _ = timer.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            timer.kill()
+            out, _ = timer.communicate()
+        self.outside_marks = [int(x) / 1e9 for x in out.split()]
+
+    def check(self) -> str | None:
+        """Compare the in-process clock with the outside timer (after :meth:`close`); a problem
+        (the reason, naming the class: clock tampering) or None."""
+        outside = self.outside_marks
+        if outside is None:
+            return None
+        if len(outside) != len(self.marks):
+            return (f"clock tampering: the harness marked {len(self.marks)} step boundaries, the "
+                    f"outside timer received {len(outside)}")
+        inside, true = self._intervals(self.marks), self._intervals(outside)
+        if not true:
+            return None
+        a, b = sum(inside), sum(true)
+        if abs(a - b) > CLOCK_RTOL * b + CLOCK_ATOL_S * len(true):
+            return (f"clock tampering: the in-process clock reads {a / len(true) * 1e3:.1f} ms per "
+                    f"step, the outside timer {b / len(true) * 1e3:.1f} ms (true step times "
+                    f"{[round(x, 4) for x in true]} s)")
+        return None

@@ -18,7 +18,7 @@ from infrarsi.contract.spec import TaskSpec
 from infrarsi.errors import IllegalConfigError
 from infrarsi.harness import mechanisms as mech
 from infrarsi.harness._workspace import load_entry
-from infrarsi.harness.clock import StepClock
+from infrarsi.harness.clock import ClockTamperError, StepClock
 from infrarsi.harness.data import global_batch, micro_batches
 from infrarsi.harness.loss import training_loss
 from infrarsi.harness.memory import CpuMemoryMeter, raise_if_over_capacity
@@ -146,6 +146,12 @@ def train_worker(payload: dict[str, Any]) -> dict[str, Any]:
     rest of its steps would only spend device time. The harness still owns the clock, the
     loss check and the work: the hint can only end a trial sooner, never change what it measures.
 
+    Every step boundary is also timestamped by an outside timer process (``clock.StepClock``);
+    ``step_times_s`` are its times, and a trial whose in-process clock disagrees raises
+    ``ClockTamperError`` (its message gives the true step times). Verification only:
+    ``state_checksum`` (True: return a checksum of the parameters and optimizer state after the
+    last step) and ``step_guard`` (a callable run at every step boundary).
+
     Raises ``torch.OutOfMemoryError`` (real on CUDA, emulated on CPU: the message never gives
     the true peak), ``CompileFailure`` when torch.compile fails, ``IllegalConfigError`` when
     ``num_workers`` does not match the job's world size.
@@ -175,7 +181,7 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
     stopped: dict[str, Any] | None = None
     run = _Run(spec, config, device)
     losses: list[torch.Tensor] = []
-    clock = StepClock(device)
+    clock = StepClock(device, guard=payload.get("step_guard"))
     with load_entry(payload["workspace"], spec.workload.entry) as entry:
         try:
             if meter:
@@ -211,11 +217,18 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
                 ) from None
             raise
         finally:
+            clock.close()
             if meter:
                 meter.close()
+        tampered = clock.check()
+        if tampered:
+            raise ClockTamperError(tampered)
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
         extra = _profile(run, total_steps, device, peak, world) if payload.get("profile") else {}
+        if payload.get("state_checksum"):
+            extra["state_checksum"] = state_checksum(run.model, run.optimizer,
+                                                     spec.loss_reference.seed)
     trace = torch.stack(losses).float()
     if world > 1:
         dist.all_reduce(trace)
@@ -234,6 +247,30 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
         **extra,  # "phase_times_s" and "profile" of the profiled step, when asked for
         **({"stopped_early": stopped} if stopped else {}),
     }
+
+
+SKETCH_DIM = 8
+
+
+def _sketch(t: torch.Tensor, seed: int) -> list[float]:
+    """[norm, k random projections] of ``t`` in float64: two tensors a and b with the same
+    seed give ``|sketch(a) - sketch(b)| / |sketch(b)| ~ |a - b| / |b|`` (Johnson-Lindenstrauss)."""
+    x = t.detach().reshape(-1).to("cpu", torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    proj = torch.randn(SKETCH_DIM, x.numel(), generator=g, dtype=torch.float64) / SKETCH_DIM ** 0.5
+    return [float(x.norm())] + [float(v) for v in proj @ x]
+
+
+def state_checksum(model: torch.nn.Module, optimizer, seed: int) -> dict[str, list[float]]:
+    """A checksum of the parameters and the optimizer state after the last step (name -> sketch),
+    so work skipped on any step, the last included, shows against the baseline's."""
+    out: dict[str, list[float]] = {}
+    for i, (name, p) in enumerate(model.named_parameters()):
+        out[f"param:{name}"] = _sketch(p, seed * 1000 + i)
+        for key, v in sorted(optimizer.state.get(p, {}).items()):
+            if torch.is_tensor(v) and v.numel() > 1:
+                out[f"optim:{name}:{key}"] = _sketch(v, seed * 1000 + i)
+    return out
 
 
 def _stop_on_every_rank(durations: list[float], slow_s: float, world: int,

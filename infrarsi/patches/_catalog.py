@@ -23,6 +23,7 @@ class CatalogEntry:
     kind: str  # "honest" | "gaming"
     expect: str  # "accept" | "reject"
     expect_rule: str = ""
+    expect_dynamic_rule: str = ""  # the rule when the static scan is off ("": the same)
 
 
 def load_catalog(kind: str | None = None, family: str | None = None) -> list[CatalogEntry]:
@@ -44,7 +45,8 @@ def load_catalog(kind: str | None = None, family: str | None = None) -> list[Cat
             if family and patch.families and family not in patch.families:
                 continue
             out.append(CatalogEntry(patch, k, extra.get("expect", "accept" if k == "honest" else "reject"),
-                                    extra.get("expect_rule", "")))
+                                    extra.get("expect_rule", ""),
+                                    extra.get("expect_dynamic_rule", "")))
     return out
 
 

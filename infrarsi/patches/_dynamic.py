@@ -2,13 +2,16 @@
 
 Three checks, each catching what the others and the static scan cannot:
 
-* **probe** — both models built at the contract's seed, the patched one loaded with the
+* **probe** — the baseline's side is a reference computed in a clean process
+  (:func:`probe_reference`: weights, per-call losses and gradient sketches); the patched model
+  is built at the contract's seed in another process (:func:`probe_candidate`), loaded with the
   baseline's weights (same state dict: names and shapes, else rejected), then fed the exact
   micro-batch sequence a one-rank trial feeds (harness data, micro-batch 1, every step of a
   trial, so a patch that counts calls and cheats "after warm-up" is still in range). Every call
   compares the output shape (the work), the loss and every parameter's gradient in fp32.
-* **training** — the harness's own ``train_worker`` (in process, world 1) runs both workspaces
-  over every timed step; the loss traces must agree within the contract's tolerance. This
+* **training** — the harness's own ``train_worker`` (world 1, under a process group) runs each
+  workspace in its own process over every step; the loss traces must agree within the
+  contract's tolerance and the state after the last step within :data:`CHECKSUM_RTOL`. This
   catches stale caches that the fixed-weight probe cannot see (weights move between steps).
 * **tamper** — identities of the clock, barrier, sync, loss, optimizer and harness functions,
   live threads, the environment, global numerics and tracer hooks are snapshotted before the
@@ -176,7 +179,8 @@ def default_calls(spec: TaskSpec) -> int:
 def _build(entry, spec: TaskSpec) -> torch.nn.Module:
     seed = spec.loss_reference.seed
     torch.manual_seed(seed)
-    model = entry.build_model(shape_dict(spec), dict(PARALLEL))
+    group = torch.distributed.group.WORLD if torch.distributed.is_initialized() else None
+    model = entry.build_model(shape_dict(spec), {**PARALLEL, "group": group})
     if torch.initial_seed() != seed:
         raise CheckFailed(f"reseeds the random generator while building the model "
                           f"(seed {torch.initial_seed()} instead of the contract's {seed})", "seed")
@@ -189,9 +193,62 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
-def probe(base_ws: str, patched_ws: str, spec: TaskSpec, *, calls: int, rtol: float,
-          atol: float = 1e-7) -> dict[str, Any]:
-    """Compare outputs, losses and gradients call by call; raise CheckFailed at the first drift.
+def probe_reference(base_ws: str, spec: TaskSpec, *, calls: int) -> dict[str, Any]:
+    """The baseline's side of the probe, computed in a clean process (no patched code in it):
+    the initial and the perturbed weights, and per call the loss, the output shape and a sketch
+    of every parameter's gradient (:class:`Sketcher`), for :func:`probe_candidate`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with load_entry(base_ws, spec.workload.entry) as eb:
+            base = _build(eb, spec)
+            sk = Sketcher(base, spec.loss_reference.seed)
+            state = {k: v.detach().clone() for k, v in base.state_dict().items()}
+            aux_w = float(spec.workload.shape.aux_loss_weight)
+            rows = [_reference_call(base, i, t, aux_w, sk) for i, t in probe_batches(spec, calls)]
+            _perturb(base, spec.loss_reference.seed)
+            perturbed = {k: v.detach().clone() for k, v in base.state_dict().items()}
+            after = [_reference_call(base, i, t, aux_w, sk) for i, t in _after_batches(spec)]
+    finally:
+        torch.set_num_threads(threads)
+    return {"n_calls": calls, "state": state, "perturbed": perturbed, "calls": rows,
+            "after": after}
+
+
+def _reference_call(model, inputs, targets, aux_w, sk: Sketcher) -> dict[str, Any]:
+    model.zero_grad(set_to_none=True)
+    loss, shape = _forward_backward(model, inputs, targets, aux_w)
+    return {"loss": loss, "shape": shape, "grads": sk.grads(model)}
+
+
+def _after_batches(spec: TaskSpec):
+    wl = spec.workload
+    batch = _data.global_batch(spec.loss_reference.seed, 10_000, wl.global_batch_size,
+                               wl.seq_len, wl.shape.vocab_size)
+    return _data.micro_batches(batch, 0, 1, 1)
+
+
+class Sketcher:
+    """Random projections of each parameter's gradient (fixed per parameter, float64): two
+    gradients' sketch distance over the reference's sketch norm estimates their relative
+    difference (Johnson-Lindenstrauss), so the reference need not keep whole gradients."""
+
+    DIM = 16
+
+    def __init__(self, model: torch.nn.Module, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed + 2)
+        self.proj = {n: torch.randn(self.DIM, p.numel(), generator=g, dtype=torch.float64)
+                     / self.DIM ** 0.5 for n, p in model.named_parameters()}
+
+    def grads(self, model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+        return {n: None if p.grad is None else self.proj[n] @ p.grad.detach().reshape(-1).double()
+                for n, p in model.named_parameters()}
+
+
+def probe_candidate(patched_ws: str, spec: TaskSpec, ref: dict[str, Any], *, rtol: float,
+                    atol: float = 1e-7, after_build=None) -> dict[str, Any]:
+    """Feed the patched model (loaded with the reference's weights) the probe's micro-batches and
+    compare each call with the clean baseline's reference; raise CheckFailed at the first drift.
 
     Runs on one intra-op thread (as the baseline trial does): on a shared box more threads
     oversubscribe the cores and make the probe many times slower.
@@ -199,89 +256,84 @@ def probe(base_ws: str, patched_ws: str, spec: TaskSpec, *, calls: int, rtol: fl
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _probe(base_ws, patched_ws, spec, calls=calls, rtol=rtol, atol=atol)
+        return _probe(patched_ws, spec, ref, rtol=rtol, atol=atol, after_build=after_build)
     finally:
         torch.set_num_threads(threads)
 
 
-def _probe(base_ws: str, patched_ws: str, spec: TaskSpec, *, calls: int, rtol: float,
-           atol: float) -> dict[str, Any]:
-    entry_name = spec.workload.entry
-    with load_entry(base_ws, entry_name) as eb, load_entry(patched_ws, entry_name) as ep:
-        base = _build(eb, spec)
+def _probe(patched_ws: str, spec: TaskSpec, ref: dict[str, Any], *, rtol: float,
+           atol: float, after_build=None) -> dict[str, Any]:
+    with load_entry(patched_ws, spec.workload.entry) as ep:
         try:
             patched = _build(ep, spec)
         except CheckFailed:
             raise
         except Exception as e:  # noqa: BLE001 - the patched code's own failure
             raise CheckFailed(f"the patched model fails to build: {type(e).__name__}: {e}", "crash") from None
-        bsd, psd = base.state_dict(), patched.state_dict()
+        if after_build is not None:
+            after_build()  # what importing and building the patched code changed, first
+        bsd, psd = ref["state"], patched.state_dict()
         if {k: tuple(v.shape) for k, v in bsd.items()} != {k: tuple(v.shape) for k, v in psd.items()}:
             diff = sorted(set(bsd) ^ set(psd))[:4]
             raise CheckFailed(f"changes the model's state dict (parameters or buffers: {diff}); a "
                               "patch must keep the checkpoint format", "work")
         patched.load_state_dict(bsd)
-        cmp = _Comparer(base, patched, spec, rtol, atol)
-        for inputs, targets in probe_batches(spec, calls):
-            cmp.call(inputs, targets)
-        # Move the weights as an optimizer step would (the same noise in both models), then
-        # probe again: a cache of anything weight-derived (work moved "before warm-up ends")
-        # now returns stale values.
-        _perturb(base, patched, spec.loss_reference.seed)
-        wl = spec.workload
-        batch = _data.global_batch(spec.loss_reference.seed, 10_000, wl.global_batch_size,
-                                   wl.seq_len, wl.shape.vocab_size)
-        for inputs, targets in _data.micro_batches(batch, 0, 1, 1):
-            cmp.call(inputs, targets, note=" after a weight update")
+        cmp = _Comparer(patched, spec, rtol, atol)
+        for (inputs, targets), want in zip(probe_batches(spec, ref["n_calls"]), ref["calls"],
+                                           strict=True):
+            cmp.call(inputs, targets, want)
+        # The weights moved as an optimizer step would (the reference's perturbed weights): a
+        # cache of anything weight-derived (work moved "before warm-up ends") is now stale.
+        patched.load_state_dict(ref["perturbed"])
+        for (inputs, targets), want in zip(_after_batches(spec), ref["after"], strict=True):
+            cmp.call(inputs, targets, want, note=" after a weight update")
     return {"probe_calls": cmp.n, "probe_max_loss_rel": cmp.worst_loss,
             "probe_max_grad_rel": cmp.worst_grad}
 
 
-def _perturb(base: torch.nn.Module, patched: torch.nn.Module, seed: int) -> None:
+def _perturb(model: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed + 1)
-    pp = dict(patched.named_parameters())
     with torch.no_grad():
-        for name, p in base.named_parameters():
+        for _, p in model.named_parameters():
             scale = 0.25 * float(p.abs().mean()) + 1e-3
-            noise = torch.randn(p.shape, generator=g, dtype=p.dtype) * scale
-            p.add_(noise)
-            pp[name].add_(noise)
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
 
 
 class _Comparer:
-    """One call of both models on the same micro-batch; raises CheckFailed on a difference."""
+    """One call of the patched model, compared with the reference's; raises CheckFailed."""
 
-    def __init__(self, base, patched, spec: TaskSpec, rtol: float, atol: float) -> None:
-        self.base, self.patched, self.rtol, self.atol = base, patched, rtol, atol
+    def __init__(self, patched, spec: TaskSpec, rtol: float, atol: float) -> None:
+        self.patched, self.rtol, self.atol = patched, rtol, atol
         self.aux_w = float(spec.workload.shape.aux_loss_weight)
         self.vocab = spec.workload.shape.vocab_size
-        self.bparams = dict(base.named_parameters())
-        self.pparams = dict(patched.named_parameters())
+        self.sk = Sketcher(patched, spec.loss_reference.seed)
         self.n = 0
         self.worst_loss = self.worst_grad = 0.0
 
-    def call(self, inputs, targets, note: str = "") -> None:
+    def call(self, inputs, targets, want: dict[str, Any], note: str = "") -> None:
         i, rtol = self.n, self.rtol
         self.n += 1
-        self.base.zero_grad(set_to_none=True)
         self.patched.zero_grad(set_to_none=True)
-        lb, _ = _forward_backward(self.base, inputs, targets, self.aux_w)
+        lb = want["loss"]
         try:
             lp, shape = _forward_backward(self.patched, inputs, targets, self.aux_w)
+        except CheckFailed:
+            raise
         except Exception as e:  # noqa: BLE001 - the patched code's own failure
             raise CheckFailed(f"the patched model fails at call {i}{note}: {type(e).__name__}: {e}",
                               "crash") from None
-        want = (*inputs.shape, self.vocab)
-        if shape != want:
-            raise CheckFailed(f"call {i}{note}: output shape {shape}, expected {want} (changes the "
-                              "work)", "work")
+        expect = (*inputs.shape, self.vocab)
+        if shape != expect or tuple(want["shape"]) != expect:
+            raise CheckFailed(f"call {i}{note}: output shape {shape}, expected {expect} (changes "
+                              "the work)", "work")
         rl = abs(lp - lb) / max(abs(lb), 1e-12)
         self.worst_loss = max(self.worst_loss, rl)
         if not math.isfinite(lp) or rl > rtol:
             raise CheckFailed(f"call {i}{note}: loss {lp:.6f} vs baseline {lb:.6f} "
                               f"(relative {rl:.2e} > {rtol:g})", "loss")
-        for name, pb in self.bparams.items():
-            gb, gp = pb.grad, self.pparams[name].grad
+        mine = self.sk.grads(self.patched)
+        for name, gb in want["grads"].items():
+            gp = mine.get(name)
             if (gb is None) != (gp is None):
                 raise CheckFailed(f"call {i}{note}: {name} gets {'no' if gp is None else 'a'} "
                                   f"gradient (baseline: {'none' if gb is None else 'one'}); skips "
@@ -310,11 +362,44 @@ def verification_spec(spec: TaskSpec) -> TaskSpec:
     return replace(spec, loss_reference=replace(spec.loss_reference, steps=steps))
 
 
-def train_trace(workspace: str, spec: TaskSpec, config: dict[str, Any]) -> dict[str, Any]:
+def train_trace(workspace: str, spec: TaskSpec, config: dict[str, Any],
+                guard=None) -> dict[str, Any]:
+    """The harness's own ``train_worker`` on ``workspace``, with the state checksum after the
+    last step; ``guard()`` runs at every step boundary (the candidate's integrity check)."""
     from infrarsi.harness import train_worker
 
     return train_worker({"task": spec.to_dict(), "config": dict(config), "workspace": workspace,
-                         "capacity_bytes": None})
+                         "capacity_bytes": None, "state_checksum": True, "step_guard": guard})
+
+
+# Parameters and optimizer state after the last step, relative to the baseline's (sketch
+# distance). Same config, world size and fp32 on both sides: honest patches differ by summation
+# order only (measured below 1e-4 after the catalog's runs, see tests/test_adversarial.py); one
+# skipped update moves a parameter by ~lr / rms(weights), ~1e-2 here.
+CHECKSUM_RTOL = 1e-3
+
+
+def compare_checksums(base: dict[str, list[float]], patched: dict[str, list[float]],
+                      rtol: float = CHECKSUM_RTOL) -> tuple[str | None, float]:
+    """Compare two ``state_checksum`` results: the problem (naming the class) and the worst
+    relative difference."""
+    if set(base) != set(patched):
+        diff = sorted(set(base) ^ set(patched))[:4]
+        return (f"the parameters or optimizer state after the last step differ in kind from the "
+                f"baseline's ({diff})"), math.inf
+    worst, where = 0.0, ""
+    for k, b in base.items():
+        a = patched[k]
+        num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b, strict=True)))
+        den = math.sqrt(sum(y * y for y in b))
+        r = num / den if den > 0 else (0.0 if num == 0 else math.inf)
+        if not math.isfinite(r) or r > worst:
+            worst, where = r, k
+    if not math.isfinite(worst) or worst > rtol:
+        return (f"work skipped at the last step(s): after the last step {where} differs from the "
+                f"baseline's by {worst:.2e} (relative; tolerance {rtol:g}) although every "
+                "recorded loss agrees"), worst
+    return None, worst
 
 
 def compare_traces(base: list[float], patched: list[float], rtol: float) -> tuple[str | None, float]:

@@ -81,12 +81,14 @@ class Patch:
 def load_patch(yaml_path: Path) -> tuple[Patch, dict[str, Any]]:
     """A catalog entry: ``<id>.yaml`` (metadata) beside ``<id>.diff``.
 
-    Returns the patch and the catalog-only fields (``expect``: accept|reject, ``expect_rule``).
+    Returns the patch and the catalog-only fields (``expect``: accept|reject, ``expect_rule``,
+    ``expect_dynamic_rule``: the rule when the static scan is off).
     """
     meta = yaml.safe_load(yaml_path.read_text()) or {}
     if not isinstance(meta, dict):
         raise ConfigError(f"{yaml_path}: patch metadata must be a mapping")
-    extra = {k: meta.pop(k) for k in ("expect", "expect_rule", "variant") if k in meta}
+    extra = {k: meta.pop(k) for k in ("expect", "expect_rule", "expect_dynamic_rule", "variant")
+             if k in meta}
     pid = meta.pop("id", yaml_path.stem)
     diff_path = yaml_path.with_suffix(".diff")
     if not diff_path.is_file():

@@ -99,6 +99,34 @@ FORBIDDEN_BUILTINS: dict[str, str] = {
     "vars": "reaches into namespaces",
     "breakpoint": "interactive hooks",
 }
+# Attribute names that are modules a model file may not reach: ``x.os`` is ``os`` whatever ``x``
+# is (``torch.serialization.os``, ``np.sys``), so the chain is judged by where it ends.
+MODULE_ATTRS: dict[str, str] = {
+    m: f"reaches module {m} through an attribute chain ({why})" for m, why in (
+        ("os", "environment and file-system access"), ("sys", "interpreter hooks, sys.modules"),
+        ("builtins", "rebinds builtins"), ("importlib", "dynamic imports"),
+        ("subprocess", "starts processes"), ("inspect", "reaches into frames"),
+        ("ctypes", "raw memory and C calls"), ("gc", "reaches every object"),
+        ("shutil", "writes files"), ("threading", "threads"), ("_thread", "threads"),
+        ("multiprocessing", "processes"), ("signal", "signal handlers"),
+        ("socket", "network access"), ("pickle", "file I/O"), ("time", "the clock"),
+        ("tempfile", "writes files"), ("pathlib", "file-system access"), ("atexit", "exit hooks"),
+        ("io", "file I/O"),
+    )
+}
+# Attributes that reach frames, code or the interpreter's import machinery.
+FRAME_ATTRS: dict[str, str] = {
+    **{a: "reaches into frames" for a in (
+        "_getframe", "currentframe", "f_back", "f_globals", "f_locals", "f_builtins", "f_code",
+        "tb_frame", "gi_frame", "cr_frame", "ag_frame", "getouterframes",
+        "_current_frames")},
+    "import_module": "dynamic imports", "_C": "calls torch's C internals directly (bypasses "
+    "the harness's knobs: threads, numerics, seeds)",
+}
+# A string naming the harness or the verifier: code that looks for them inspects whether it is
+# being verified.
+VERIFIER_MARKERS = ("infrarsi", "_infrarsi_ws_", "pytest", "PYTEST_")
+
 FORBIDDEN_DUNDERS = {
     "__builtins__", "__globals__", "__dict__", "__class__", "__subclasses__", "__code__",
     "__closure__", "__import__", "__loader__", "__spec__", "__bases__", "__mro__",
@@ -175,7 +203,19 @@ class _Scanner(ast.NodeVisitor):
         if why:
             self.add(node, why, f"uses {full}")
 
+    def _check_attr_name(self, node: ast.AST, attr: str, chain: str) -> None:
+        if attr in MODULE_ATTRS:
+            self.add(node, MODULE_ATTRS[attr], f"accesses {chain}")
+        elif attr in FRAME_ATTRS:
+            self.add(node, FRAME_ATTRS[attr], f"accesses {chain}")
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str) and any(m in node.value for m in VERIFIER_MARKERS):
+            self.add(node, "inspects whether it is being verified (looks up the harness or the "
+                     "verifier)", f"names {node.value[:40]!r}")
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        self._check_attr_name(node, node.attr, _dotted(node) or f"<expr>.{node.attr}")
         if node.attr in FORBIDDEN_DUNDERS:
             self.add(node, "reaches into interpreter internals", f"accesses .{node.attr}")
         full = self._resolve(node)
@@ -219,6 +259,19 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         fn = self._resolve(node.func) or ""
+        if fn in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2:
+            name = node.args[1]
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                self.add(node, "builds an attribute name at run time (hides what it reaches)",
+                         f"{fn}(..., <computed name>)")
+            else:  # getattr(x, "os") is x.os
+                base = self._resolve(node.args[0])
+                chain = f"{base or '<expr>'}.{name.value}"
+                self._check_attr_name(node, name.value, chain)
+                if name.value in FORBIDDEN_DUNDERS:
+                    self.add(node, "reaches into interpreter internals", f"{fn}(..., {name.value!r})")
+                if base:
+                    self._check_name(node, chain)
         if fn.split(".")[-1] in ("setattr", "delattr") and node.args:
             tgt = self._resolve(node.args[0])
             if tgt and tgt.split(".")[0] in {v.split(".")[0] for v in self.aliases.values()}:
