@@ -42,13 +42,18 @@ def _materialize(files: dict[str, str]) -> str:
     return str(root)
 
 
-def train_fn(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """Runs in every Ray Train worker. Rank 0 returns the trial's result for all ranks."""
+def run_rank(payload: dict[str, Any], on_workspace=None) -> dict[str, Any] | None:
+    """One rank's trial (a Train worker's or a warm pool worker's): the workspace materialized
+    in a folder of its own (``on_workspace(path)`` is told where), the harness run, every rank's
+    peak memory gathered. Rank 0 returns the trial's result for all ranks."""
     import torch.distributed as dist
 
     from infrarsi.harness import train_worker
 
+    payload = dict(payload)
     workspace = _materialize(payload.pop("workspace_files"))
+    if on_workspace is not None:
+        on_workspace(workspace)
     try:
         out = train_worker({**payload, "workspace": workspace})
     finally:
@@ -59,6 +64,11 @@ def train_fn(payload: dict[str, Any]) -> dict[str, Any] | None:
         dist.all_gather_object(peaks, out["peak_memory_bytes"])
     out["peak_memory_bytes_per_rank"] = peaks
     return out if out.get("rank", 0) == 0 else None
+
+
+def train_fn(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """Runs in every Ray Train worker (a fresh trial)."""
+    return run_rank(payload)
 
 
 def scaling_kwargs(config: dict[str, Any], *, device: str, placement_strategy: str) -> dict[str, Any]:
