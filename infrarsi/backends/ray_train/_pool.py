@@ -114,8 +114,11 @@ def _restore_torch_globals(flags: dict[str, Any]) -> None:
         import torch._dynamo.config as dynamo_config
         import torch._inductor.config as inductor_config
 
-        dynamo_config.load_config(flags["dynamo_config"])
-        inductor_config.load_config(flags["inductor_config"])
+        for config, saved in ((dynamo_config, flags["dynamo_config"]),
+                              (inductor_config, flags["inductor_config"])):
+            now = config.get_config_copy()
+            # only what the trial changed (setting deprecated keys back would warn)
+            config.load_config({k: v for k, v in saved.items() if now.get(k) != v})
 
 
 def _reset_between_trials(flags: dict[str, Any]) -> None:
