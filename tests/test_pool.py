@@ -15,6 +15,13 @@ from infrarsi.trial import ErrorKind, TrialStatus
 
 pytestmark = pytest.mark.slow
 
+
+@pytest.fixture(autouse=True)
+def _no_idle_pool(ray_local):
+    """Each test starts with no warm group (and leaves none holding CPUs)."""
+    yield
+    _pool.shutdown_process_pool()
+
 # A patched model whose logits are scaled: the loss trace shows whether it ran.
 SCALED = ("_orig_build = build_dense\n"
           "def build_dense(shape):\n    m = _orig_build(shape)\n"

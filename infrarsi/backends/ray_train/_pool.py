@@ -51,6 +51,9 @@ from infrarsi.backends.ray_train._classify import classify
 # Before a new group is placed, idle groups are retired when the free resources are short; if
 # the placement group is still not ready after this long, every idle group is retired.
 _PLACE_PATIENCE_S = 5.0
+# An idle group gives its CPUs/GPUs back after this long (a driver that never closes its pool
+# must not starve other Ray work); between a run's trials the gap is seconds.
+IDLE_RETIRE_S = 60.0
 
 
 def group_key(config: dict[str, Any], *, device: str, backend: str, collective_timeout_s: int,
@@ -242,6 +245,7 @@ class _Group:
     pg: Any
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     trials: int = 0
+    idle_since: float = 0.0
 
 
 class GroupStartError(RuntimeError):
@@ -257,6 +261,17 @@ class TrialPool:
         self._busy: dict[str, _Group] = {}
         self._lock = threading.Lock()
         self.stats = {"groups_started": 0, "groups_retired": 0, "warm_trials": 0, "trials": 0}
+        threading.Thread(target=self._expire_idle, daemon=True).start()
+
+    def _expire_idle(self) -> None:
+        while True:
+            time.sleep(IDLE_RETIRE_S / 6)
+            now = time.time()
+            with self._lock:
+                old = [g for g in self._idle if now - g.idle_since > IDLE_RETIRE_S]
+                self._idle = [g for g in self._idle if g not in old]
+            for g in old:
+                self._kill(g)
 
     # -- public --
     def run(self, key: dict[str, Any], payload: dict[str, Any], deadline: float,
@@ -383,6 +398,7 @@ class TrialPool:
     def _release(self, group: _Group) -> None:
         with self._lock:
             self._busy.pop(group.id, None)
+            group.idle_since = time.time()
             self._idle.append(group)
 
     def _retire(self, group: _Group) -> None:
