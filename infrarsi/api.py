@@ -39,15 +39,18 @@ apply = apply_run
 def run(run_dir: str | Path | None = None, *, budget: int, resume: bool = False,
         verify_top: int = 2, pairs: int = DEFAULT_PAIRS, max_concurrent: int = 1,
         local_mode: bool = False, bank_url: str | None = None, cold: bool = False,
-        patches: bool = True, progress: Callable[[str], None] = print) -> RunOutcome:
+        patches: bool = True, fresh_processes: bool = False,
+        progress: Callable[[str], None] = print) -> RunOutcome:
     """Search ``budget`` trials of the run in ``run_dir`` (default: the last ``init``), then
     re-measure the ``verify_top`` best against the baseline in ``pairs`` interleaved pairs and
     promote the one whose speedup clears doctor's noise floor.
 
     ``resume`` continues a run whose driver died; ``cold`` ignores the bank's experience;
-    ``patches=False`` searches launch knobs only; ``progress`` receives the progress table's
+    ``patches=False`` searches launch knobs only; ``fresh_processes=True`` starts every trial
+    in new worker processes instead of the warm pool's live ones; ``progress`` receives the progress table's
     lines. The outcome's ``promoted`` is None when nothing cleared the floor."""
     return run_search(resolve_run_dir(run_dir), budget=budget, resume=resume,
                       verify_top=verify_top, pairs=pairs, max_concurrent=max_concurrent,
                       local_mode=local_mode, bank_url=bank_url, progress=progress,
-                      use_experience=not cold, patches=patches)
+                      use_experience=not cold, patches=patches,
+                      fresh_processes=fresh_processes)

@@ -123,7 +123,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     outcome = run(args.run_dir, budget=args.budget, resume=args.resume,
                   verify_top=args.verify_top, pairs=args.pairs,
                   max_concurrent=args.max_concurrent, local_mode=args.local_mode,
-                  bank_url=args.bank_url, cold=args.cold, patches=not args.no_patches)
+                  bank_url=args.bank_url, cold=args.cold, patches=not args.no_patches,
+                  fresh_processes=args.fresh_processes)
     # a search in which no trial ran ok found nothing: say so to scripts and `ray job submit`
     return EXIT_OK if outcome.best is not None else EXIT_FAILED
 
@@ -174,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cold", action="store_true", help="ignore experience from the bank")
     s.add_argument("--no-patches", action="store_true",
                    help="search launch knobs only: no source patches proposed, verified or tried")
+    s.add_argument("--fresh-processes", action="store_true",
+                   help="start new worker processes for every trial (a TorchTrainer job each) "
+                        "instead of reusing warm worker groups across trials")
     s.add_argument("--local-mode", action="store_true",
                    help="run trials in-process (no Ray Train workers; for quick checks)")
     s.set_defaults(func=cmd_run)

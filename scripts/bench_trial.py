@@ -13,6 +13,15 @@ reuse less of, so it is shown separately from the median of the rest.
 ``--early-stop`` runs each trial twice, interleaved: to its end, and told it is clearly slow
 (a 1 us hint: it stops after the harness's check), and prints the wall time the stop saves.
 
+``--pool`` compares fresh trials (a new ``TorchTrainer`` job each: ``fresh_processes=True``)
+with warm ones (the worker pool, ``infrarsi run``'s default), interleaved in pairs whose order
+alternates (F W, W F, ...) after one untimed trial that starts the warm group. It prints each
+kind's median overhead (submit -> first measured step), median trial wall, the overhead's share
+of the wall, trials per hour (3600 / median wall) and their ratio, and the A/A check: the
+warm/fresh ratio of the pairs' median step times, with a 95% t-interval of its log. Ray gets
+twice this machine's CPUs as logical CPUs so an idle warm group and a fresh trial both fit (an
+idle actor uses no CPU; only one trial runs at a time).
+
 Peak memory against micro-batch size: ``scripts/bench_memory.py``.
 """
 
@@ -45,8 +54,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="a knob for every trial (repeatable; default: the baseline)")
     ap.add_argument("--early-stop", action="store_true",
                     help="also run each trial with a stop hint it cannot meet; compare walls")
+    ap.add_argument("--pool", action="store_true",
+                    help="fresh vs warm (pooled) trials, interleaved pairs; overhead and A/A")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if args.pool:
+        return compare_pool(args)
 
     import ray
 
@@ -98,6 +111,70 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name}: early stop after {pairs[0][4]} of {pairs[0][3]} measured steps: "
                   f"median wall {short:.1f}s vs {full:.1f}s to the end "
                   f"(saves {1 - short / full:.0%} of a trial)")
+    return 0
+
+
+def compare_pool(args) -> int:
+    import math
+
+    import ray
+    from scipy import stats
+
+    from infrarsi.backends.ray_train import RayTrainBackend
+    from infrarsi.backends.ray_train._pool import shutdown_process_pool
+    from infrarsi.contract import load_task
+
+    ray.init(num_cpus=2 * (os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
+    out: dict[str, dict[str, list]] = {}
+    try:
+        for name in args.tasks.split(","):
+            spec = load_task(ROOT / "configs" / "tasks" / f"{name}.yaml")
+            kinds = {"fresh": RayTrainBackend(spec, fresh_processes=True),
+                     "warm": RayTrainBackend(spec)}
+            config = {**kinds["warm"].baseline_config(), **_parse_set(args.set)}
+            first = kinds["warm"].execute(config)
+            print(f"  {name} warm group start (untimed): {first.summary()}", flush=True)
+            rows = out[name] = {"fresh": [], "warm": []}
+            for i in range(args.repeats):
+                order = ("fresh", "warm") if i % 2 == 0 else ("warm", "fresh")
+                for kind in order:
+                    rec = kinds[kind].execute(config)
+                    print(f"  {name} pair {i} {kind:5}: {rec.summary()}", flush=True)
+                    rows[kind].append(rec)
+            shutdown_process_pool()
+    finally:
+        ray.shutdown()
+
+    med = statistics.median
+    print("\nfresh vs warm trials (interleaved pairs; medians)")
+    print(f"  {'task':10} {'kind':5} {'overhead':>9} {'wall':>7} {'overhead/wall':>13} "
+          f"{'step':>9} {'trials/h':>8}")
+    for name, rows in out.items():
+        summary = {}
+        for kind, recs in rows.items():
+            ok = [r for r in recs if r.ok and r.startup_seconds is not None]
+            if not ok:
+                print(f"  {name:10} {kind:5} no trial ran ok")
+                continue
+            over, wall = med(r.startup_seconds for r in ok), med(r.wall_seconds for r in ok)
+            step = med(r.step_time_s for r in ok)
+            summary[kind] = (over, wall)
+            print(f"  {name:10} {kind:5} {over:8.1f}s {wall:6.1f}s {over / wall:12.0%} "
+                  f"{step * 1e3:7.1f}ms {3600 / wall:8.0f}")
+        if len(summary) == 2:
+            print(f"  {name}: warm trials/hour = {summary['fresh'][1] / summary['warm'][1]:.2f}x "
+                  f"fresh; warm overhead = {summary['warm'][0] / summary['warm'][1]:.0%} of its "
+                  f"wall (fresh {summary['fresh'][0] / summary['fresh'][1]:.0%})")
+        logs = [math.log(w.step_time_s / f.step_time_s)
+                for f, w in zip(rows["fresh"], rows["warm"], strict=True) if f.ok and w.ok]
+        if len(logs) >= 2:
+            mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+            half = stats.t.ppf(0.975, len(logs) - 1) * sd / math.sqrt(len(logs))
+            lo, hi = math.exp(mean - half), math.exp(mean + half)
+            print(f"  {name}: A/A warm/fresh step time {math.exp(mean):.3f} "
+                  f"(95% CI {lo:.3f}-{hi:.3f}, {len(logs)} pairs): "
+                  f"{'includes 1 (no bias seen)' if lo <= 1 <= hi else 'EXCLUDES 1'}")
     return 0
 
 

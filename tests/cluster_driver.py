@@ -33,7 +33,7 @@ def emit(path: str, **event) -> None:
         f.write(json.dumps({"t": time.time(), "pid": os.getpid(), **event}) + "\n")
 
 
-def trainable(config, *, spec_dict, events, startup_allowance):
+def trainable(config, *, spec_dict, events, startup_allowance, pool_name=None):
     from ray import tune
 
     import infrarsi.backends.ray_train.backend as rt
@@ -41,7 +41,7 @@ def trainable(config, *, spec_dict, events, startup_allowance):
 
     if startup_allowance is not None:  # the tests' budget for Train startup, not a user knob
         rt.STARTUP_ALLOWANCE_S = float(startup_allowance)
-    backend = rt.RayTrainBackend(TaskSpec.from_dict(spec_dict))
+    backend = rt.RayTrainBackend(TaskSpec.from_dict(spec_dict), pool_name=pool_name)
     trial_id = tune.get_context().get_trial_id()
     emit(events, event="start", trial_id=trial_id, config=config)
     record = backend.execute(config, trial_id=trial_id)
@@ -114,6 +114,9 @@ def main(argv=None) -> int:
         tune_errors = _run_inline(engine, spec, args, on_record)
     else:
         tune_errors = _run_tune(engine, spec, args, on_record)
+    from infrarsi.backends.ray_train._pool import shutdown_process_pool
+
+    shutdown_process_pool()  # as the run stage does at its end: the warm groups' CPUs are free
     summary = _summary(ray, engine, bank, run_id, total_cpu, tune_errors)
     Path(args.out).write_text(json.dumps(summary, indent=2))
     bank.close()
@@ -141,11 +144,13 @@ def _run_inline(engine, spec, args, on_record) -> list[str]:
 def _run_tune(engine, spec, args, on_record) -> list[str]:
     from ray import tune
 
+    from infrarsi.backends.ray_train._pool import process_pool
     from infrarsi.search import InfraRSISearcher
 
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     fn = tune.with_parameters(trainable, spec_dict=spec.to_dict(), events=args.events,
-                              startup_allowance=args.startup_allowance)
+                              startup_allowance=args.startup_allowance,
+                              pool_name=process_pool()[0])  # the driver's warm worker pool
     tuner = tune.Tuner(
         tune.with_resources(fn, {"cpu": 0, "custom_resources": {TRIAL_DRIVER_RESOURCE: 1}}),
         tune_config=tune.TuneConfig(search_alg=InfraRSISearcher(engine, on_record=on_record),

@@ -38,10 +38,12 @@ def full_cluster(cluster: LocalRayCluster) -> LocalRayCluster:
 
 
 def _train_workers(cluster: LocalRayCluster, exclude: set[int], timeout: float = 240.0):
-    """The two RayTrainWorker processes of the next trial (pids not in ``exclude``)."""
+    """The two worker processes of the next trial (pids not in ``exclude``): Ray Train's
+    (fresh processes) or the warm pool's (the default)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        found = [(n, p) for n, p in cluster.find("RayTrainWorker") if p.pid not in exclude]
+        found = [(n, p) for needle in ("RayTrainWorker", "PoolWorker")
+                 for n, p in cluster.find(needle) if p.pid not in exclude]
         if len(found) >= 2:
             return found
         time.sleep(0.25)

@@ -18,6 +18,15 @@ from infrarsi.trial import ErrorKind, TrialStatus
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def _no_idle_pool(ray_local):
+    """Each test's idle warm groups give their CPUs back (later tests place their own groups)."""
+    yield
+    from infrarsi.backends.ray_train._pool import shutdown_process_pool
+
+    shutdown_process_pool()
+
+
 def test_two_worker_trial_measures_step_time_memory_and_loss(tmp_path, ray_local):
     spec = load_task(copy_task(tmp_path))
     backend = RayTrainBackend(spec)

@@ -75,7 +75,9 @@ class PatchedBackend(Backend):
         def factory(ws: Path) -> Backend:
             return RayTrainBackend(inner.spec, contract=contract, workspace=ws,
                                    local_mode=inner.local_mode, storage_path=inner.storage_path,
-                                   profile=inner.profile)
+                                   profile=inner.profile,
+                                   fresh_processes=getattr(inner, "fresh_processes", False),
+                                   pool_name=getattr(inner, "pool_name", None))
 
         return cls(inner, patches, base_workspace=inner.workspace, scope=scope, factory=factory,
                    conflicts=conflicts, cache=cache)

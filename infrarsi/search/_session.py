@@ -37,7 +37,7 @@ class RunSession:
     """
 
     def __init__(self, run_dir: Path, contract: Contract, progress: Callable[[str], None],
-                 local_mode: bool) -> None:
+                 local_mode: bool, fresh_processes: bool = False) -> None:
         from infrarsi.backends.ray_train import RayTrainBackend
 
         self.run_dir = run_dir
@@ -45,7 +45,9 @@ class RunSession:
         self.spec = contract.spec()
         self.progress = progress
         self.local_mode = local_mode
-        self.backend = RayTrainBackend(self.spec, contract=contract, local_mode=local_mode)
+        self.fresh_processes = fresh_processes
+        self.backend = RayTrainBackend(self.spec, contract=contract, local_mode=local_mode,
+                                       fresh_processes=fresh_processes)
         self.bank = None
         self.run_id = ""
         self.seed = contract.loss_reference.get("seed", 0)
@@ -61,10 +63,10 @@ class RunSession:
     # ---- lifecycle --------------------------------------------------------------------
     @classmethod
     def open(cls, run_dir: Path, *, resume: bool, bank_url: str | None, local_mode: bool,
-             progress: Callable[[str], None]) -> RunSession:
+             progress: Callable[[str], None], fresh_processes: bool = False) -> RunSession:
         contract = Contract.load(run_dir)
         contract.verify_frozen()
-        session = cls(run_dir, contract, progress, local_mode)
+        session = cls(run_dir, contract, progress, local_mode, fresh_processes)
         session._lock()
         try:
             session._open_bank(bank_url)
@@ -90,6 +92,10 @@ class RunSession:
         for beat in list(self._beats.values()):
             beat.__exit__(None, None, None)
         self._beats.clear()
+        if not self.fresh_processes and not self.local_mode:
+            from infrarsi.backends.ray_train._pool import shutdown_process_pool
+
+            shutdown_process_pool()  # the warm groups' CPUs and GPUs are free again
         if self.bank is not None:
             self.bank.close()
             self.bank = None
@@ -237,6 +243,16 @@ class RunSession:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 ray.init(address=address or None, **kwargs)
+
+    def pool_name(self) -> str | None:
+        """The name of this driver's warm worker pool, for Tune's trial processes (None with
+        fresh processes or in local mode)."""
+        if self.fresh_processes or self.local_mode:
+            return None
+        from infrarsi.backends.ray_train._pool import process_pool
+
+        self.ensure_ray()
+        return process_pool()[0]
 
     def trial_driver_resources(self) -> dict[str, float]:
         """What a Tune trial's own process holds: no CPU (its Train workers hold those)."""

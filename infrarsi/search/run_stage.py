@@ -74,18 +74,21 @@ class RunOutcome:
 
 def _trainable(config: dict[str, Any], *, spec_dict: dict[str, Any], run_dir: str,
                local_mode: bool, patches: list[dict[str, Any]] | None = None,
-               conflicts: list[list[str]] | None = None) -> None:
+               conflicts: list[list[str]] | None = None, fresh_processes: bool = False,
+               pool_name: str | None = None) -> None:
     """One Tune trial: one Ray Train job of ``config``; reports the whole record.
 
     ``patches`` (plain dicts) are the run's verified patches: a config with patch knobs on is
-    materialized here, in the trial's own process, and runs in that patched copy."""
+    materialized here, in the trial's own process, and runs in that patched copy. ``pool_name``:
+    the driver's warm worker pool (None: fresh processes)."""
     from ray import tune
 
     from infrarsi.backends.ray_train import RayTrainBackend
     from infrarsi.contract import TaskSpec
 
     contract = Contract.load(Path(run_dir))  # re-verifies frozen files in the trial process
-    backend = RayTrainBackend(TaskSpec.from_dict(spec_dict), contract=contract, local_mode=local_mode)
+    backend = RayTrainBackend(TaskSpec.from_dict(spec_dict), contract=contract, local_mode=local_mode,
+                              fresh_processes=fresh_processes, pool_name=pool_name)
     if patches:
         from infrarsi.patches import Patch
         from infrarsi.search._patched import PatchedBackend
@@ -103,16 +106,18 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
                pairs: int = DEFAULT_PAIRS, max_concurrent: int = 1, local_mode: bool = False,
                bank_url: str | None = None, progress: Callable[[str], None] = print,
                use_experience: bool = True, patches: bool = True,
-               proposer: Any = None) -> RunOutcome:
+               proposer: Any = None, fresh_processes: bool = False) -> RunOutcome:
     """Search ``budget`` trials, verify the best, promote what clears the noise floor.
 
     ``patches=False`` searches launch knobs only (``--no-patches``); ``proposer`` overrides the
-    one the task spec implies (LLM when it has an ``llm:`` section, else expert)."""
+    one the task spec implies (LLM when it has an ``llm:`` section, else expert).
+    Trials run in a warm pool of worker groups reused across trials of the same process-level
+    settings; ``fresh_processes=True`` (``--fresh-processes``) starts new ones for every trial."""
     if budget < 1:
         raise InfraRSIError(f"--budget {budget}: give at least 1 trial")
     run_dir = Path(run_dir).resolve()  # trials run with their own working directory
     with RunSession.open(run_dir, resume=resume, bank_url=bank_url, local_mode=local_mode,
-                         progress=progress) as session:
+                         progress=progress, fresh_processes=fresh_processes) as session:
         setup = prepare_patches(session, enabled=patches, resume=resume, proposer=proposer)
         session.use_patches(setup.verified, setup.conflicts)
         engine = _engine(session, budget, use_experience)
@@ -184,7 +189,9 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
     trainable = tune.with_parameters(_trainable, spec_dict=session.spec.to_dict(),
                                      run_dir=str(session.run_dir), local_mode=session.local_mode,
                                      patches=[p.to_dict() for p in session.patches],
-                                     conflicts=[list(c) for c in session.patch_conflicts])
+                                     conflicts=[list(c) for c in session.patch_conflicts],
+                                     fresh_processes=session.fresh_processes,
+                                     pool_name=session.pool_name())
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     # Our progress table is the output: Tune's own (the experiment box, the per-trial files it
     # looks for because the loggers above are off) would interleave with it.

@@ -31,7 +31,8 @@ class TrainerOutcome:
     """What one TorchTrainer job came back with (it crosses the runner actor's boundary, so it
     is a plain picklable record). ``ok``: ``value`` is rank 0's result dict from the harness
     (step times, loss trace, peak memory per rank, ...). Not ok: the classified ``status``,
-    ``error_kind`` and ``message``. ``t_submit``/``t_end``: wall clock around the job."""
+    ``error_kind`` and ``message``. ``t_submit``/``t_end``: wall clock around the job.
+    ``pool``: ``{"group", "warm"}`` when the trial ran on a warm worker group (None: fresh)."""
 
     ok: bool
     t_submit: float
@@ -40,6 +41,7 @@ class TrainerOutcome:
     status: TrialStatus | None = None
     error_kind: ErrorKind | None = None
     message: str = ""
+    pool: dict[str, Any] | None = None
 
     @property
     def wall_seconds(self) -> float:
@@ -49,6 +51,18 @@ class TrainerOutcome:
     def failed(cls, t_submit: float, status: TrialStatus, kind: ErrorKind | None,
                message: str) -> TrainerOutcome:
         return cls(False, t_submit, time.time(), status=status, error_kind=kind, message=message)
+
+    @classmethod
+    def from_pool(cls, reply: dict[str, Any], *, t_submit: float) -> TrainerOutcome:
+        """The warm pool's plain reply (``ok``/``value`` or ``status``/``error_kind``/``message``,
+        with ``group``, ``warm``, ``t_end``) as an outcome."""
+        pool = {"group": reply["group"], "warm": reply["warm"]} if "group" in reply else None
+        if reply.get("ok"):
+            return cls(True, t_submit, reply["t_end"], value=reply.get("value"), pool=pool)
+        kind = reply.get("error_kind")
+        return cls(False, t_submit, reply["t_end"], status=TrialStatus(reply["status"]),
+                   error_kind=ErrorKind(kind) if kind else None,
+                   message=reply.get("message", ""), pool=pool)
 
 
 def read_workspace(root: Path) -> dict[str, str]:
@@ -69,13 +83,18 @@ def _materialize(files: dict[str, str]) -> str:
     return str(root)
 
 
-def train_fn(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """Runs in every Ray Train worker. Rank 0 returns the trial's result for all ranks."""
+def run_rank(payload: dict[str, Any], on_workspace=None) -> dict[str, Any] | None:
+    """One rank's trial (a Train worker's or a warm pool worker's): the workspace materialized
+    in a folder of its own (``on_workspace(path)`` is told where), the harness run, every rank's
+    peak memory gathered. Rank 0 returns the trial's result for all ranks."""
     import torch.distributed as dist
 
     from infrarsi.harness import train_worker
 
+    payload = dict(payload)
     workspace = _materialize(payload.pop("workspace_files"))
+    if on_workspace is not None:
+        on_workspace(workspace)
     try:
         out = train_worker({**payload, "workspace": workspace})
     finally:
@@ -86,6 +105,11 @@ def train_fn(payload: dict[str, Any]) -> dict[str, Any] | None:
         dist.all_gather_object(peaks, out["peak_memory_bytes"])
     out["peak_memory_bytes_per_rank"] = peaks
     return out if out.get("rank", 0) == 0 else None
+
+
+def train_fn(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """Runs in every Ray Train worker (a fresh trial)."""
+    return run_rank(payload)
 
 
 def scaling_kwargs(config: dict[str, Any], *, device: str, placement_strategy: str) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""The ray_train backend: each trial is a real Ray Train torch job (gloo on CPU, nccl on GPU)."""
+"""The ray_train backend: each trial is a real Ray Train torch job (gloo on CPU, nccl on GPU).
+
+By default trials run in a warm pool of worker groups that stay alive across trials with the same
+process-level settings (``_pool``); ``fresh_processes=True`` runs every trial as its own
+``TorchTrainer`` job in new processes.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import os
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +19,7 @@ from typing import Any
 import ray
 
 from infrarsi.backends.base import Backend
+from infrarsi.backends.ray_train import _pool
 from infrarsi.backends.ray_train._reaper import reap_orphaned_placement_groups
 from infrarsi.backends.ray_train._runner import (
     TrainerOutcome,
@@ -112,14 +119,23 @@ class RayTrainBackend(Backend):
     process with ``ScalingConfig(num_workers=0)`` (fast unit tests; no real workers).
     ``profile`` adds one profiled, unmeasured step after the measured ones (doctor's phase
     profile): the record's ``phase_times_s`` and ``extra["profile"]``.
+
+    ``fresh_processes=False`` (the default) runs trials in this driver's warm pool of worker
+    groups (``_pool``); ``pool_name`` names the pool a run's driver started (Tune's trial
+    processes pass it; without it this process starts its own). ``fresh_processes=True``: every
+    trial is a new ``TorchTrainer`` job (new worker processes and process group).
+    The record's ``extra["pool"]`` says which group ran a pooled trial and whether it was warm.
     """
 
     name = "ray_train"
 
     def __init__(self, spec: TaskSpec, *, contract: Contract | None = None,
                  workspace: Path | None = None, local_mode: bool = False,
-                 storage_path: str | None = None, profile: bool = False) -> None:
+                 storage_path: str | None = None, profile: bool = False,
+                 fresh_processes: bool = False, pool_name: str | None = None) -> None:
         self.spec = spec
+        self.fresh_processes = fresh_processes
+        self.pool_name = pool_name
         self.profile = profile
         self.contract = contract
         if contract is not None:
@@ -193,6 +209,8 @@ class RayTrainBackend(Backend):
         value = outcome.value or {}
         extra = {k: value[k] for k in ("num_params", "flops_per_token", "profile", "stopped_early")
                  if k in value}
+        if outcome.pool is not None:
+            extra["pool"] = outcome.pool
         status, kind, message = TrialStatus.OK, None, ""
         if self.contract is not None:
             problem = self.contract.check_work(value.get("tokens_per_step"))
@@ -229,6 +247,16 @@ class RayTrainBackend(Backend):
             return run_trainer(payload, scaling, backend=backend, collective_timeout_s=collective_timeout,
                                storage_path=self.storage_path, local_mode=True)
         _ensure_ray()
+        message = (f"trial exceeded its time limit of {timeout:g} s (+{STARTUP_ALLOWANCE_S:g} s "
+                   "startup allowance); a hang or deadlocked collective. Raise trial.timeout_s "
+                   "in the task spec if the workload is just slow.")
+        pool = None if self.fresh_processes else self._pool()
+        if pool is not None:
+            key = _pool.group_key(config, device=self.spec.hardware.device, backend=backend,
+                                  collective_timeout_s=collective_timeout,
+                                  placement_strategy=self.spec.trial.placement_strategy)
+            return self._launch_pooled(pool, key, payload, timeout + STARTUP_ALLOWANCE_S, message)
+        self._make_room(config)
         t0 = time.time()
         runner = TrialRunner.remote()
         ref = runner.run.remote(payload, scaling, backend, collective_timeout, self.storage_path)
@@ -242,11 +270,54 @@ class RayTrainBackend(Backend):
                 ray.kill(runner, no_restart=True)
         ray.kill(runner, no_restart=True)  # takes the Train controller and its workers with it
         reap_orphaned_placement_groups()
-        return TrainerOutcome.failed(
-            t0, TrialStatus.ERROR, ErrorKind.TIMEOUT,
-            f"trial exceeded its time limit of {timeout:g} s (+{STARTUP_ALLOWANCE_S:g} s "
-            "startup allowance); a hang or deadlocked collective. Raise trial.timeout_s "
-            "in the task spec if the workload is just slow.")
+        return TrainerOutcome.failed(t0, TrialStatus.ERROR, ErrorKind.TIMEOUT, message)
+
+    # ---- the warm pool ----------------------------------------------------------------
+    def _pool(self):
+        """The pool this backend's trials run in; None (fresh processes) when a named pool is
+        gone (its driver ended): a trial process cannot own a pool that outlives it."""
+        if self.pool_name:
+            pool = _pool.connect(self.pool_name)
+            if pool is None:
+                warnings.warn(f"the warm worker pool {self.pool_name!r} is gone; this trial runs "
+                              "in fresh processes", RuntimeWarning, stacklevel=3)
+            return pool
+        return _pool.process_pool()[1]
+
+    def _launch_pooled(self, pool, key: dict[str, Any], payload: dict[str, Any], limit_s: float,
+                       message: str) -> TrainerOutcome:
+        t0 = time.time()
+        ref = pool.run.remote(key, payload, t0 + limit_s, message)
+        try:  # the pool ends a hung trial at the deadline; the grace covers its own reply
+            outcome = ray.get(ref, timeout=limit_s + 60.0)
+        except ray.exceptions.GetTimeoutError:
+            return TrainerOutcome.failed(t0, TrialStatus.ERROR, ErrorKind.TIMEOUT, message)
+        except ray.exceptions.RayError as e:  # the pool actor itself died (its node lost)
+            return TrainerOutcome.failed(t0, TrialStatus.ERROR, ErrorKind.WORKER_LOST,
+                                         f"{type(e).__name__}: {e}")
+        return TrainerOutcome.from_pool(outcome, t_submit=t0)
+
+    def _make_room(self, config: dict[str, Any]) -> None:
+        """Before a fresh trial: this process's idle warm groups give back their resources
+        when the cluster has too few free for the trial's workers."""
+        pool = _pool.existing_process_pool()
+        if pool is None:
+            return
+        need = {"CPU": config["num_workers"] * config["num_threads"],
+                **({"GPU": config["num_workers"]} if self.spec.hardware.device == "cuda" else {})}
+        free = ray.available_resources()
+        if any(free.get(r, 0.0) < v for r, v in need.items()):
+            ray.get(pool.retire_idle.remote())
+
+    def close(self) -> None:
+        """Retire this process's idle warm groups (their CPUs and GPUs are free again)."""
+        pool = None if self.local_mode else _pool.existing_process_pool()
+        if pool is not None:
+            try:
+                ray.get(pool.retire_idle.remote(), timeout=60)
+            except ray.exceptions.RayError:
+                pass
+
 
 
 def _ensure_ray() -> None:

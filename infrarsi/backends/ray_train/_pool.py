@@ -1,0 +1,487 @@
+"""A warm pool of trial worker groups: processes and a torch process group kept across trials.
+
+Why not Ray Train for warm trials: a Ray Train V2 worker group belongs to the controller of one
+``TorchTrainer.fit()`` and is torn down when it returns; there is no public API to run a second
+train function in a live group. So the pool is a set of Ray actors managed here, doing what
+``TorchConfig``'s backend setup does for a Train worker group: one actor per rank in a placement
+group of the trial's bundles (``num_threads`` CPUs, one GPU on CUDA), rank 0's address and a
+free port as the rendezvous, ``torch.distributed.init_process_group`` (gloo on CPU, nccl on GPU,
+the same collective timeout), ``CUDA_VISIBLE_DEVICES`` shared by the ranks of one node and
+``LOCAL_RANK`` set, so NCCL sees its peers. Each trial then runs the same per-rank function
+(``_runner.run_rank``) as a fresh ``TorchTrainer`` job would. Fresh trials
+(``fresh_processes=True``, ``infrarsi run --fresh-processes``) still run as TorchTrainer jobs.
+
+Which trials share a group: those with the same :func:`group_key` (world size, threads per
+worker, device, collective backend and timeout, placement strategy): what is fixed when the
+processes start. Everything else (model, optimizer, compiled graph, patched code) is built afresh
+per trial inside the live workers (:class:`PoolWorker.run` says how it is isolated).
+
+A trial that fails in any way (crash, OOM, compile error, hang, lost worker) retires its group:
+the actors are killed and the next trial gets a fresh group. A worker whose loaded ``infrarsi``
+sources changed on disk since it started is stale: its group is retired before the next trial.
+
+One :class:`TrialPool` actor per driver process (:func:`process_pool`), pinned to the driver's
+node and owned by the driver, so it and its groups end with the driver. Tune's trial processes
+reach it by name (:func:`connect`).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
+
+from infrarsi.backends.ray_train._classify import classify
+
+# Before a new group is placed, idle groups are retired when the free resources are short; if
+# the placement group is still not ready after this long, every idle group is retired.
+_PLACE_PATIENCE_S = 5.0
+# An idle group gives its CPUs/GPUs back after this long (a driver that never closes its pool
+# must not starve other Ray work); between a run's trials the gap is seconds.
+IDLE_RETIRE_S = 60.0
+
+
+def group_key(config: dict[str, Any], *, device: str, backend: str, collective_timeout_s: int,
+              placement_strategy: str) -> dict[str, Any]:
+    """What a trial's processes are started with; trials with equal keys share a warm group."""
+    return {"num_workers": int(config["num_workers"]), "num_threads": int(config["num_threads"]),
+            "device": device, "backend": backend, "collective_timeout_s": int(collective_timeout_s),
+            "placement_strategy": placement_strategy}
+
+
+# ---- the worker: one rank ---------------------------------------------------------------------
+def _loaded_sources() -> dict[str, str]:
+    """sha256 of the source file of every loaded ``infrarsi`` module (the harness among them)."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if (name == "infrarsi" or name.startswith("infrarsi.")) and path and os.path.isfile(path):
+            with open(path, "rb") as f:
+                out[path] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def _torch_globals() -> dict[str, Any]:
+    """Process-wide torch settings a trial's code may change (a patch setting TF32, say)."""
+    import torch
+
+    flags: dict[str, Any] = {
+        "default_dtype": torch.get_default_dtype(),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "cuda_matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cuda_bf16_reduced": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "cuda_fp16_reduced": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "cudnn": (torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark,
+                  torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32),
+    }
+    try:
+        import torch._dynamo.config as dynamo_config
+        import torch._inductor.config as inductor_config
+
+        flags["dynamo_config"] = dynamo_config.get_config_copy()
+        flags["inductor_config"] = inductor_config.get_config_copy()
+    except Exception:  # noqa: BLE001 - an older torch without config copies: flags above only
+        pass
+    return flags
+
+
+def _restore_torch_globals(flags: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_default_dtype(flags["default_dtype"])
+    torch.set_float32_matmul_precision(flags["matmul_precision"])
+    torch.use_deterministic_algorithms(flags["deterministic"])
+    torch.backends.cuda.matmul.allow_tf32 = flags["cuda_matmul_tf32"]
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = flags["cuda_bf16_reduced"]
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = flags["cuda_fp16_reduced"]
+    (torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark,
+     torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32) = flags["cudnn"]
+    torch.set_grad_enabled(True)
+    if "dynamo_config" in flags:
+        import torch._dynamo.config as dynamo_config
+        import torch._inductor.config as inductor_config
+
+        for config, saved in ((dynamo_config, flags["dynamo_config"]),
+                              (inductor_config, flags["inductor_config"])):
+            now = config.get_config_copy()
+            # only what the trial changed (setting deprecated keys back would warn)
+            config.load_config({k: v for k, v in saved.items() if now.get(k) != v})
+
+
+def _reset_between_trials(flags: dict[str, Any]) -> None:
+    """Nothing of the last trial's compiled graphs, memory or global settings stays."""
+    import torch
+
+    torch._dynamo.reset()  # compiled graphs and guards of the earlier trial's model  # noqa: SLF001
+    gc.collect()
+    _restore_torch_globals(flags)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _seed(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # every CUDA device too
+
+
+def _purge_workspace(workspace: str, path_before: list[str]) -> list[str]:
+    """Drop every module loaded from ``workspace`` (under any name) and the ``sys.path`` entries
+    the trial added. Returns the purged module names."""
+    root = os.path.realpath(workspace) + os.sep
+    gone = []
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None) or ""
+        if name.startswith("_infrarsi_ws_") or (path and os.path.realpath(path).startswith(root)):
+            del sys.modules[name]
+            gone.append(name)
+    sys.path[:] = path_before
+    return gone
+
+
+@ray.remote(max_restarts=0)
+class PoolWorker:
+    """One rank of a warm group: holds its process and its torch process group across trials.
+
+    Per trial (:meth:`run`): torch's compile caches and global settings reset, memory statistics
+    reset, RNGs seeded from the task's loss-reference seed, the workspace materialized in a new
+    folder and imported under a fresh package name (``load_entry``), and afterwards every module
+    loaded from that folder dropped from ``sys.modules`` (whatever name it was imported under)
+    and ``sys.path`` restored: nothing of a trial's code is reachable from the next one.
+    """
+
+    def __init__(self) -> None:
+        from infrarsi.backends.ray_train import _runner  # noqa: F401 - loads the harness now
+
+        self._sources = _loaded_sources()
+        self._flags = _torch_globals()
+        self.trials = 0
+        self.purged: list[str] = []
+
+    def node(self) -> dict[str, Any]:
+        ctx = ray.get_runtime_context()
+        return {"ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}
+
+    def free_port(self) -> int:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def init_group(self, backend: str, addr: str, port: int, rank: int, world: int,
+                   local_rank: int, cuda_visible: str | None, timeout_s: int) -> None:
+        import torch.distributed as dist
+
+        if cuda_visible is not None:  # before CUDA initializes: the node's ranks see each other
+            os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank),
+                          WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank))
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=timeout_s))
+
+    def stale(self) -> str | None:
+        """Why this process must not run another trial (its loaded sources changed), or None."""
+        for path, digest in self._sources.items():
+            try:
+                with open(path, "rb") as f:
+                    now = hashlib.sha256(f.read()).hexdigest()
+            except OSError:
+                now = None
+            if now != digest:
+                return f"{path} changed on disk since this worker process started"
+        return None
+
+    def run(self, payload: dict[str, Any]) -> dict[str, Any] | None:
+        from infrarsi.backends.ray_train._runner import run_rank
+
+        _reset_between_trials(self._flags)
+        _seed(int(payload["task"].get("loss_reference", {}).get("seed", 0)))
+        path_before = list(sys.path)
+        holder: dict[str, str] = {}
+        try:
+            return run_rank(payload, on_workspace=lambda ws: holder.setdefault("ws", ws))
+        finally:
+            self.trials += 1
+            if "ws" in holder:
+                self.purged = _purge_workspace(holder["ws"], path_before)
+            # modules first imported by this trial: their source as loaded now
+            self._sources = {**_loaded_sources(), **self._sources}
+            _reset_between_trials(self._flags)
+
+    def leaked_workspace_modules(self) -> list[str]:
+        """Modules of any trial's workspace still loaded (tests: must be empty between trials)."""
+        return [n for n, m in sys.modules.items() if n.startswith("_infrarsi_ws_")
+                or "infrarsi-ws-" in (getattr(m, "__file__", None) or "")]
+
+
+# ---- the pool: groups by key --------------------------------------------------------------------
+@dataclass
+class _Group:
+    key: dict[str, Any]
+    workers: list[Any]
+    pg: Any
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    trials: int = 0
+    idle_since: float = 0.0
+
+
+class GroupStartError(RuntimeError):
+    """A warm group could not be placed or its process group not formed before the deadline."""
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=64)
+class TrialPool:
+    """Hands out warm groups by :func:`group_key` and runs one trial on a group per call."""
+
+    def __init__(self) -> None:
+        self._idle: list[_Group] = []
+        self._busy: dict[str, _Group] = {}
+        self._lock = threading.Lock()
+        self.stats = {"groups_started": 0, "groups_retired": 0, "warm_trials": 0, "trials": 0}
+        threading.Thread(target=self._expire_idle, daemon=True).start()
+
+    def _expire_idle(self) -> None:
+        while True:
+            time.sleep(IDLE_RETIRE_S / 6)
+            now = time.time()
+            with self._lock:
+                old = [g for g in self._idle if now - g.idle_since > IDLE_RETIRE_S]
+                self._idle = [g for g in self._idle if g not in old]
+            for g in old:
+                self._kill(g)
+
+    # -- public --
+    def run(self, key: dict[str, Any], payload: dict[str, Any], deadline: float,
+            timeout_message: str) -> dict[str, Any]:
+        """One trial on a warm group (or a new one): the same outcome dict as ``run_trainer``
+        (``ok``/``value`` or ``status``/``error_kind``/``message``), plus ``group``,
+        ``warm`` (whether the group had run a trial before) and ``t_end``."""
+        try:
+            group, warm = self._take(key, deadline)
+        except Exception as e:  # noqa: BLE001 - a group that cannot start is a failed trial
+            if isinstance(e, GroupStartError):
+                return self._failed("error", "timeout", f"{e}. {timeout_message}")
+            status, kind, message = classify(e)
+            return self._failed(status.value, kind.value if kind else None, message)
+        with self._lock:
+            self.stats["trials"] += 1
+            self.stats["warm_trials"] += int(warm)
+        info = {"group": group.id, "warm": warm}
+        refs = [w.run.remote(payload) for w in group.workers]
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.time()))
+            if not ready:
+                self._retire(group)
+                return {**self._failed("error", "timeout", timeout_message), **info}
+            try:
+                ray.get(ready[0])
+            except Exception as e:  # noqa: BLE001 - the first rank to fail names the cause
+                self._retire(group)
+                status, kind, message = classify(e)
+                return {**self._failed(status.value, kind.value if kind else None, message), **info}
+        value = ray.get(refs[0])
+        group.trials += 1
+        self._release(group)
+        return {"ok": True, "value": value, "t_end": time.time(), **info}
+
+    def retire_idle(self) -> int:
+        """Retire every idle group (their CPUs and GPUs are free again). Returns how many."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for g in idle:
+            self._kill(g)
+        return len(idle)
+
+    def retire_all(self) -> int:
+        with self._lock:
+            groups = self._idle + list(self._busy.values())
+            self._idle, self._busy = [], {}
+        for g in groups:
+            self._kill(g)
+        return len(groups)
+
+    def workers(self) -> dict[str, list[Any]]:
+        """Live groups' worker handles by group id (tests and diagnostics)."""
+        with self._lock:
+            return {g.id: list(g.workers) for g in [*self._idle, *self._busy.values()]}
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self.stats)
+
+    # -- groups --
+    def _take(self, key: dict[str, Any], deadline: float) -> tuple[_Group, bool]:
+        while True:
+            with self._lock:
+                match = next((g for g in self._idle if g.key == key), None)
+                if match is not None:
+                    self._idle.remove(match)
+                    self._busy[match.id] = match
+            if match is None:
+                break
+            try:
+                why = next((s for s in ray.get([w.stale.remote() for w in match.workers],
+                                               timeout=max(1.0, deadline - time.time())) if s), None)
+            except Exception:  # noqa: BLE001 - a worker gone while idle: start another group
+                why = "a worker of the group is gone"
+            if why is None:
+                return match, match.trials > 0
+            self._retire(match)
+        group = self._start(key, deadline)
+        with self._lock:
+            self._busy[group.id] = group
+        return group, False
+
+    def _start(self, key: dict[str, Any], deadline: float) -> _Group:
+        n, gpu = key["num_workers"], key["device"] == "cuda"
+        bundle = {"CPU": float(key["num_threads"]), **({"GPU": 1.0} if gpu else {})}
+        self._make_room(bundle, n)
+        pg = placement_group([dict(bundle) for _ in range(n)], strategy=key["placement_strategy"])
+        if not pg.wait(min(_PLACE_PATIENCE_S, max(0.0, deadline - time.time()))):
+            self.retire_idle()  # idle groups of other keys may be what holds the resources
+            if not pg.wait(max(0.0, deadline - time.time())):
+                remove_placement_group(pg)
+                raise GroupStartError(f"no room for {n} worker(s) of {bundle} before the deadline")
+        group = _Group(key=key, workers=[], pg=pg)
+        try:
+            group.workers = [
+                PoolWorker.options(
+                    num_cpus=bundle["CPU"], num_gpus=1 if gpu else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                ).remote() for i in range(n)]
+            left = lambda: max(1.0, deadline - time.time())  # noqa: E731
+            nodes = ray.get([w.node.remote() for w in group.workers], timeout=left())
+            port = ray.get(group.workers[0].free_port.remote(), timeout=left())
+            local, visible = _local_ranks(nodes, gpu)
+            ray.get([w.init_group.remote(key["backend"], nodes[0]["ip"], port, r, n, local[r],
+                                         visible[r], key["collective_timeout_s"])
+                     for r, w in enumerate(group.workers)], timeout=left())
+        except ray.exceptions.GetTimeoutError:
+            self._kill(group)
+            raise GroupStartError(f"the {n} worker(s) did not form a process group before the "
+                                  "deadline") from None
+        except BaseException:
+            self._kill(group)
+            raise
+        with self._lock:
+            self.stats["groups_started"] += 1
+        return group
+
+    def _make_room(self, bundle: dict[str, float], n: int) -> None:
+        free = ray.available_resources()
+        if any(free.get(r, 0.0) < v * n for r, v in bundle.items()):
+            self.retire_idle()
+
+    def _release(self, group: _Group) -> None:
+        with self._lock:
+            self._busy.pop(group.id, None)
+            group.idle_since = time.time()
+            self._idle.append(group)
+
+    def _retire(self, group: _Group) -> None:
+        with self._lock:
+            self._busy.pop(group.id, None)
+            if group in self._idle:
+                self._idle.remove(group)
+        self._kill(group)
+
+    def _kill(self, group: _Group) -> None:
+        for w in group.workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        try:
+            remove_placement_group(group.pg)
+        except Exception:  # noqa: BLE001 - already removed
+            pass
+        with self._lock:
+            self.stats["groups_retired"] += 1
+
+    @staticmethod
+    def _failed(status: str, kind: str | None, message: str) -> dict[str, Any]:
+        return {"ok": False, "status": status, "error_kind": kind, "message": message,
+                "t_end": time.time()}
+
+
+def _local_ranks(nodes: list[dict[str, Any]], gpu: bool) -> tuple[list[int], list[str | None]]:
+    """Each rank's index among the ranks of its node, and (on GPU) the node's shared
+    ``CUDA_VISIBLE_DEVICES`` (as Ray Train sets it: every GPU the node's ranks hold)."""
+    local, visible, seen = [], [], {}
+    gpus: dict[str, list[str]] = {}
+    for info in nodes:
+        gpus.setdefault(info["node_id"], []).extend(info["gpu_ids"])
+    for info in nodes:
+        local.append(seen.get(info["node_id"], 0))
+        seen[info["node_id"]] = local[-1] + 1
+        ids = sorted(set(gpus[info["node_id"]]), key=lambda s: (len(s), s))
+        visible.append(",".join(ids) if gpu else None)
+    return local, visible
+
+
+# ---- the driver side -----------------------------------------------------------------------------
+_PROCESS_POOL: dict[str, Any] = {}  # {"job": job id, "name": actor name, "handle": actor}
+
+
+def process_pool() -> tuple[str, Any]:
+    """(name, handle) of this driver process's pool, started on first use (on this node)."""
+    job = ray.get_runtime_context().get_job_id()
+    if _PROCESS_POOL.get("job") != job:
+        name = f"infrarsi-pool-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        node = ray.get_runtime_context().get_node_id()
+        handle = TrialPool.options(
+            name=name, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        ).remote()
+        _PROCESS_POOL.update(job=job, name=name, handle=handle)
+    return _PROCESS_POOL["name"], _PROCESS_POOL["handle"]
+
+
+def existing_process_pool() -> Any | None:
+    """This process's pool if it has started one in the current Ray session, else None."""
+    if not ray.is_initialized() or _PROCESS_POOL.get("job") != ray.get_runtime_context().get_job_id():
+        return None
+    return _PROCESS_POOL["handle"]
+
+
+def connect(name: str) -> Any | None:
+    """The pool another process (the run's driver) started, by name; None when it is gone."""
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        return None
+
+
+def shutdown_process_pool(timeout_s: float = 60.0) -> None:
+    """Retire every group of this process's pool and end the pool actor."""
+    handle = existing_process_pool()
+    if handle is None:
+        return
+    try:
+        ray.get(handle.retire_all.remote(), timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - a pool already gone has nothing left to retire
+        pass
+    ray.kill(handle, no_restart=True)
+    _PROCESS_POOL.clear()
