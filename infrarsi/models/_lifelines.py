@@ -116,8 +116,10 @@ def _row_loglik(dist: str, r_lo, r_hi, exact, la):
     """
     if dist == "lognormal":  # log T = mu + sigma * N(0, 1)
         sig = np.exp(la)
-        za = np.clip(r_lo / sig, -40, 40)
-        zb = np.clip(r_hi / sig, -40, 40)
+        # no clipping (a clipped z is flat in the parameters while its gradient is not, which
+        # stalls L-BFGS on rows far from the location); an open end is a very distant bound
+        za = np.where(np.isfinite(r_lo), r_lo, -1e6) / sig
+        zb = np.where(np.isfinite(r_hi), r_hi, 1e6) / sig
         # exact: log pdf
         ll_e = -0.5 * za**2 - la - 0.5 * np.log(2 * np.pi)
         # censored: log(Phi(zb) - Phi(za)) on whichever side keeps precision
@@ -134,16 +136,17 @@ def _row_loglik(dist: str, r_lo, r_hi, exact, la):
         dmu_e, dla_e = za / sig, za**2 - 1
     else:  # log T = mu + Gumbel_min / rho: S(t) = exp(-exp(rho * (log t - mu)))
         rho = np.exp(la)
-        wa = np.clip(rho * r_lo, -50, 50)
-        wb = np.clip(rho * r_hi, -50, 50)
+        w_e = np.clip(rho * np.where(np.isfinite(r_lo), r_lo, 0.0), -50, 50)
+        wa = np.clip(rho * r_lo, -700, 700)
+        wb = np.clip(rho * r_hi, -700, 700)
         ea, eb = np.exp(wa), np.exp(wb)
-        ll_e = la + wa - ea
+        ll_e = la + w_e - np.exp(w_e)
         with np.errstate(divide="ignore"):
             ll_c = -ea + np.log(np.maximum(-np.expm1(ea - eb), 1e-300))
         ga = np.exp(np.minimum(wa - ea - ll_c, 700))
         gb = np.exp(np.minimum(wb - eb - ll_c, 700))
         dmu_c, dla_c = rho * (ga - gb), -(ga * wa - gb * wb)
-        dmu_e, dla_e = -rho * (1 - ea), 1 + wa * (1 - ea)
+        dmu_e, dla_e = -rho * (1 - np.exp(w_e)), 1 + w_e * (1 - np.exp(w_e))
     return (np.where(exact, ll_e, ll_c), np.where(exact, dmu_e, dmu_c),
             np.where(exact, dla_e, dla_c))
 
@@ -189,7 +192,8 @@ def _objective(dist, Xs, lo, hi, exact, center, prec, sign, strength, min_spread
 
 
 def _warm_start(dist, X, log_t, observed, m, s, sign, strength, min_spread=0.0,
-                log_hi=None, b0_prior=None, x0=None) -> tuple[np.ndarray, float]:
+                log_hi=None, b0_prior=None, x0=None, tol=(1e-15, 1e-10, 2000)
+                ) -> tuple[np.ndarray, float]:
     """Optimum of the same penalized objective in numpy, in lifelines' flattened layout.
 
     lifelines' generic autograd optimizer spends ~0.1 s of Python overhead per step; starting it
@@ -216,8 +220,14 @@ def _warm_start(dist, X, log_t, observed, m, s, sign, strength, min_spread=0.0,
             b00 = float(b0_prior[0])
         x0 = np.concatenate([center, [b00, la0]])
     res = minimize(f, x0, jac=True, method="L-BFGS-B",
-                   options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-10})
+                   options={"maxiter": tol[2], "ftol": tol[0], "gtol": tol[1]})
     return res.x, float(res.fun)
+
+
+# The numpy fit of record stops at a relative objective change of 1e-10 (lifelines' own
+# convergence is looser): the warm start's 1e-15 took 1,356 L-BFGS steps (57 s on a shared core)
+# on the Ultra-Scale table's 1,374 label-only rows, for parameters equal to 1e-4.
+FIT_TOL = (1e-10, 1e-6, 300)
 
 
 def fit_numpy(dist, X, log_lo, log_hi, m, s, sign, strength, min_spread=0.0,
@@ -230,7 +240,7 @@ def fit_numpy(dist, X, log_lo, log_hi, m, s, sign, strength, min_spread=0.0,
     sd = np.where(sd > 1e-12, sd, 1.0)
     exact = np.asarray(log_lo) == np.asarray(log_hi)
     th, fun = _warm_start(dist, X, log_lo, exact, m, s, sign, strength, min_spread,
-                          log_hi=log_hi, b0_prior=b0_prior, x0=x0)
+                          log_hi=log_hi, b0_prior=b0_prior, x0=x0, tol=FIT_TOL)
     lo, hi, exact = _bounds(log_lo, exact, log_hi)
     f = _objective(dist, X / sd, lo, hi, exact, m * sd, 1.0 / (n * s**2 * sd**2), sign,
                    strength, min_spread, b0_prior)
