@@ -67,6 +67,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                         "built-in GPU-cluster workloads")
     p.add_argument("--spec", help="table spec YAML (default: the shipped infrarsi/configs/tables/ultrascale.yaml)")
     p.add_argument("--csv", help="override the CSV path (else $INFRARSI_DATA_DIR)")
+    p.add_argument("--hide", default="", help="table: measured columns to hide, e.g. 'memory' "
+                   "(the table replayed as logs with ok/OOM labels but no peak memory)")
     p.add_argument("--workloads", help="table: e.g. '1B:1,8B:4'; simulator: JSON, e.g. "
                    "'[{\"name\": \"moe-single-node\"}]' (default: every workload)")
     p.add_argument("--searchers", default=",".join(SEARCHERS),
@@ -94,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t_start = time.perf_counter()
     source = WORKLOAD_SOURCES[a.source]
-    backends = source({"spec": a.spec, "csv": a.csv, "workloads": _parse_workloads(a.workloads)})
+    backends = source({"spec": a.spec, "csv": a.csv, "workloads": _parse_workloads(a.workloads),
+                       "hide": [h for h in a.hide.split(",") if h]})
     skipped = [b for b in backends if getattr(b, "best_objective", lambda: 1)() is None]
     backends = [b for b in backends if b not in skipped]
     for b in skipped:

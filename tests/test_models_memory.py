@@ -250,3 +250,95 @@ def test_memory_prior_pulls_with_few_trials_and_yields_to_many():
     many = PeakMemoryModel.from_priors(enc, prior, distribution="lognormal").fit(X, mem, obs)
     assert few.coef_[j] < -0.15  # Bayes: ~(-0.4 * 100 + 0 * 66) / 166 from 6 rows
     assert abs(many.coef_[j]) < 0.06
+
+
+# ---- interval censoring: labels alone ---------------------------------------------------------
+
+def simulate_labels(n: int, seed: int = 0):
+    """Ok/OOM labels only, no reading: three device sizes around the median peak (a bank
+    holds trials of several GPUs), so the spread is identifiable from labels alone."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    log_peak = TRUE_B0 + X @ TRUE_B + TRUE_SIGMA * rng.normal(size=n)
+    cap = np.exp(TRUE_B0 + rng.choice([-0.4, 0.0, 0.4], size=n))
+    oom = log_peak > np.log(cap)
+    bounds = np.column_stack([np.where(oom, cap, 0.0), np.where(oom, np.inf, cap)])
+    return X, bounds, cap, oom
+
+
+def test_interval_fit_recovers_parameters_from_labels_alone():
+    X, bounds, cap, oom = simulate_labels(1500)
+    assert 0.3 < oom.mean() < 0.7
+    m = PeakMemoryModel(distribution="lognormal", **weak()).fit(X, bounds)
+    assert not m.fallen_back_ and m.n_left_censored_ == int((~oom).sum())
+    np.testing.assert_allclose(m.coef_, TRUE_B, atol=0.1)
+    assert abs(m.log_scale_ + m.intercept_ - TRUE_B0) < 0.1
+    assert abs(m.shape_ - TRUE_SIGMA) < 0.08
+    # the same through fit_interval, and P(OOM) ranks fresh labels well
+    m2 = PeakMemoryModel(distribution="lognormal", **weak()).fit_interval(X, bounds[:, 0], bounds[:, 1])
+    np.testing.assert_allclose(m2.coef_, m.coef_)
+    Xt, _, capt, oomt = simulate_labels(2000, seed=5)
+    p = m.p_oom(Xt, capt)
+    from sklearn.metrics import roc_auc_score
+    assert roc_auc_score(oomt, p) > 0.9
+    assert abs(float(p.mean()) - float(oomt.mean())) < 0.05
+
+
+def test_right_censored_only_fit_cannot_learn_from_labels():
+    """The wrong model, on the very same data: a right-censored-only fit has no place for an ok
+    trial without a reading, so it sees the OOMs alone (and falls back to the priors); imputing
+    the capacity as the ok trials' peak biases every slope towards zero."""
+    X, bounds, cap, oom = simulate_labels(1500)
+    with pytest.warns(ModelFallbackWarning, match="no trial with an observed peak"):
+        right_only = PeakMemoryModel(distribution="lognormal", **weak()).fit(X[oom], cap[oom], np.zeros(oom.sum(), bool))
+    assert np.max(np.abs(right_only.coef_ - TRUE_B)) > 0.3
+    imputed = PeakMemoryModel(distribution="lognormal", **weak()).fit(X, cap, ~oom)
+    assert np.max(np.abs(imputed.coef_ - TRUE_B)) > 0.15
+
+
+def test_interval_with_peaks_matches_classic_fit_and_bounds_validate():
+    X, mem, obs = simulate(200, seed=4)
+    bounds = np.column_stack([mem, np.where(obs, mem, np.inf)])
+    a = PeakMemoryModel(distribution="lognormal", **weak()).fit(X, mem, obs)
+    b = PeakMemoryModel(distribution="lognormal", **weak()).fit(X, bounds)
+    np.testing.assert_allclose(a.coef_, b.coef_)
+    with pytest.raises(ValueError, match="lower <= upper"):
+        PeakMemoryModel().fit_interval(X, mem + 1, mem)
+    # mixing exact peaks with unread ok trials: the numpy interval fit agrees with lifelines'
+    # exact+right fit on the rows both see, within the extra information
+    read = np.arange(len(X)) % 2 == 0
+    mixed = np.where((~read & obs)[:, None], np.column_stack([np.zeros(len(X)), np.full(len(X), CAP)]), bounds)
+    c = PeakMemoryModel(distribution="lognormal", **weak()).fit(X, mixed)
+    assert c.n_left_censored_ == int((~read & obs).sum())
+    np.testing.assert_allclose(c.coef_, TRUE_B, atol=0.12)
+
+
+def test_only_unread_ok_trials_fall_back_below_capacity():
+    X, bounds, cap, oom = simulate_labels(50)
+    with pytest.warns(ModelFallbackWarning, match="only ok trials without a reading"):
+        m = PeakMemoryModel(distribution="lognormal", **weak()).fit(X[~oom], bounds[~oom])
+    assert m.fallen_back_
+    # every trial fit: the median sits below the capacities seen, never above as for OOMs
+    assert float(np.mean(m.p_oom(X[~oom], cap[~oom]))) < 0.5
+    assert m.predict(np.zeros((1, 3)))[0] < np.exp(np.mean(np.log(cap[~oom])))
+
+
+def test_memory_bounds_of_records():
+    from infrarsi.models.peak_memory import has_memory_signal, memory_bounds
+    from infrarsi.trial import HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
+
+    hw = HardwareFingerprint(device_name="gpu", memory_bytes=80, devices_per_node=1)
+    wl = WorkloadSignature(model_family="dense", num_params=10**9, num_layers=16, hidden_size=2048,
+                           num_heads=16, seq_len=2048, global_batch_size=64, name="w")
+
+    def rec(status, **kw):
+        return TrialRecord(trial_id="t", config={}, status=status, backend="x", workload=wl,
+                           hardware=hw, **kw)
+
+    assert memory_bounds(rec(TrialStatus.OK, peak_memory_bytes=(40, 50))) == (50.0, 50.0)
+    assert memory_bounds(rec(TrialStatus.OK)) == (0.0, 80.0)
+    assert memory_bounds(rec(TrialStatus.OOM, memory_censor_bytes=90)) == (90.0, float("inf"))
+    assert memory_bounds(rec(TrialStatus.OOM)) == (80.0, float("inf"))
+    assert memory_bounds(rec(TrialStatus.ERROR, error_kind="crash")) is None
+    assert not has_memory_signal(np.array([[80.0, np.inf]]))
+    assert has_memory_signal(np.array([[80.0, np.inf], [0.0, 80.0]]))

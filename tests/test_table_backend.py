@@ -206,3 +206,24 @@ def test_ok_row_without_objective(tmp_path):
     spec = _synthetic(tmp_path, SYN_CSV.replace("ok,1000,30000", "ok,,30000"))
     with pytest.raises(ConfigError, match=r"line 2, column 'step_tok_s'.*numeric objective"):
         TableBackend.from_spec(spec, {"cluster": "a"})
+
+
+def test_hidden_memory_gives_labels_only_records(ultrascale_csv):
+    """``hide: [memory]``: an ok row carries no peak, so the memory model sees it left-censored
+    at the device's capacity (and an OOM right-censored, as before)."""
+    from dataclasses import replace
+
+    from infrarsi.backends.table import load_table_spec
+    from infrarsi.models.peak_memory import memory_bounds
+
+    spec = replace(load_table_spec(SPEC), hide=("memory",))
+    b = TableBackend.from_spec(spec, {"model": "8B", "nodes": 4}, csv_path=ultrascale_csv)
+    recs = b.records()
+    ok = [r for r in recs if r.ok]
+    assert ok and all(r.peak_memory_bytes is None for r in ok)
+    cap = float(b.hardware.memory_bytes)
+    assert {memory_bounds(r) for r in ok} == {(0.0, cap)}
+    shown = TableBackend.from_spec(SPEC, {"model": "8B", "nodes": 4}, csv_path=ultrascale_csv)
+    assert any(r.peak_memory_bytes for r in shown.records())
+    with pytest.raises(ConfigError, match="cannot be hidden"):
+        replace(spec, hide=("objective",))

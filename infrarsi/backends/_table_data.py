@@ -81,6 +81,13 @@ def _is_number(text: str) -> bool:
         return False
 
 
+def _fill(knob) -> str:
+    """A blank knob cell: the knob's ``fill`` as text (parsed like the column), else blank."""
+    if knob.fill is None:
+        return ""
+    return str(knob.fill).lower() if isinstance(knob.fill, bool) else str(knob.fill)
+
+
 def _parse_knob_column(spec: TableSpec, name: str, cells: list[tuple[int, str]]) -> list[Any]:
     k = spec.knob(name)
     type_ = k.type or _infer_type(k.column, cells)
@@ -113,8 +120,11 @@ def read_rows(spec: TableSpec, path: Path) -> list[Row]:
                 f"{spec.source_file or spec.name}: {where} names column {column!r}, which {path.name} "
                 f"does not have; its columns are {header}"
             )
+    if spec.skip_blank:
+        raw_rows = [(ln, r) for ln, r in raw_rows if all(r[c].strip() for c in spec.skip_blank)]
     knob_values = {
-        k.name: _parse_knob_column(spec, k.name, [(ln, r[k.column].strip()) for ln, r in raw_rows])
+        k.name: _parse_knob_column(spec, k.name, [(ln, r[k.column].strip() or _fill(k))
+                                                  for ln, r in raw_rows])
         for k in spec.knobs
     }
     wl_types = {c: _infer_type(c, [(ln, r[c].strip()) for ln, r in raw_rows]) for c in spec.workload_columns}
@@ -148,7 +158,8 @@ def _make_row(spec: TableSpec, line: int, r: dict[str, str], config: dict[str, A
                 f"{spec.csv}: line {line}, column {spec.objective.column!r}: objective {text!r} "
                 "must be a positive finite number on an ok row"
             )
-        if spec.memory is not None and r[spec.memory.column].strip():
+        if (spec.memory is not None and "memory" not in spec.hide
+                and r[spec.memory.column].strip()):
             memory = int(round(float(r[spec.memory.column]) * MEMORY_UNITS[spec.memory.unit]))
     workload = tuple(_parse(r[c].strip(), wl_types[c]) for c in spec.workload_columns)
     return Row(line, workload, config, outcome, value, objective, memory, dict(r))

@@ -25,6 +25,9 @@ _DIRECTIONS = ("maximize", "minimize")
 MEMORY_UNITS = {"bytes": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10,
                 "MiB": 2**20, "GiB": 2**30}
 ERROR_KINDS = ("timeout", "compile", "communication", "worker_lost", "patch", "crash")
+# Measured columns a spec may hide from the records (``hide: [memory]``): to replay a table as
+# the logs of a cluster that recorded ok/OOM but no peak memory.
+HIDEABLE = ("memory",)
 
 
 @dataclass(frozen=True)
@@ -32,13 +35,15 @@ class KnobSpec:
     """One knob column. ``searched: false`` marks a knob that follows from the others and the
     workload (e.g. data-parallel degree = devices / (tp * pp)); per-knob samplers do not draw it
     and the table resolves it from the measured rows. ``type`` is inferred when omitted; a
-    column whose values do not share one type is refused."""
+    column whose values do not share one type is refused. ``fill``: what a blank cell means
+    (e.g. a setting the source states once for a whole table), for a column with gaps."""
 
     name: str
     column: str
     kind: str = "ordinal"
     type: str | None = None
     searched: bool = True
+    fill: Any = None  # the value a blank cell reads as (None: a blank cell is refused)
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -126,7 +131,11 @@ class TrialCostSpec:
 
 @dataclass(frozen=True)
 class TableSpec:
-    """A measured table: where the CSV is and what its columns mean. See module docstring."""
+    """A measured table: where the CSV is and what its columns mean. See module docstring.
+
+    ``hide``: measured columns the records leave out (``[memory]``: ok/OOM labels only);
+    ``skip_blank``: columns whose blank cell leaves the row out (a run the source lists
+    without, e.g., its micro-batch or depth cannot be placed in the space)."""
 
     name: str
     csv: str
@@ -140,6 +149,8 @@ class TableSpec:
     baseline: dict[str, Any] = field(default_factory=dict)
     trial_cost: TrialCostSpec = field(default_factory=TrialCostSpec)
     data_dir: str = ""  # relative to the spec file; "" : $INFRARSI_DATA_DIR (see resolve_csv_path)
+    hide: tuple[str, ...] = ()
+    skip_blank: tuple[str, ...] = ()
     description: str = ""
     source_file: str = ""
 
@@ -151,6 +162,9 @@ class TableSpec:
             raise ConfigError(f"knobs: duplicate knob names in {names}")
         if not self.workload_columns:
             raise ConfigError("workload_columns: name at least one column that identifies a workload")
+        bad = set(self.hide) - set(HIDEABLE)
+        if bad:
+            raise ConfigError(f"hide: {sorted(bad)} cannot be hidden; hideable: {list(HIDEABLE)}")
         unknown = set(self.baseline) - set(names)
         if unknown:
             raise ConfigError(f"baseline: unknown knob(s) {sorted(unknown)}; knobs: {names}")
@@ -167,6 +181,8 @@ class TableSpec:
             cols[self.memory.column] = "memory.column"
         for i, c in enumerate(self.workload_columns):
             cols[c] = f"workload_columns[{i}]"
+        for i, c in enumerate(self.skip_blank):
+            cols.setdefault(c, f"skip_blank[{i}]")
         for part, m in (("signature", self.signature), ("hardware", self.hardware)):
             for f_name, c in m.columns.items():
                 cols.setdefault(c, f"{part}.columns.{f_name}")

@@ -10,6 +10,7 @@ for w in BUILTIN_WORKLOADS]``. Every backend of one source is a workload of the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,12 @@ DEFAULT_TABLE_SPEC: Path = package_path("infrarsi", "configs", "tables", "ultras
 
 def table_workloads(options: dict[str, Any]) -> list[Backend]:
     """Options: ``spec`` (path), ``csv`` (override), ``workloads`` (list of dicts or None = all),
-    ``seed``."""
+    ``seed``, ``hide`` (measured columns to hide, see ``TableSpec.hide``)."""
     from infrarsi.backends.table import TableBackend, load_table_spec
 
     spec = load_table_spec(options.get("spec") or DEFAULT_TABLE_SPEC)
+    if options.get("hide"):  # e.g. ("memory",): replay the table as logs without that column
+        spec = replace(spec, hide=tuple(options["hide"]))
     wanted = options.get("workloads") or TableBackend.workloads(spec, csv_path=options.get("csv"))
     return [TableBackend.from_spec(spec, w, seed=options.get("seed", 0), csv_path=options.get("csv"))
             for w in wanted]

@@ -43,7 +43,7 @@ from infrarsi.models._common import (
     prior_arrays,
     setting_count,
 )
-from infrarsi.models._lifelines import fit_aft, select_family
+from infrarsi.models._lifelines import fit_aft, fit_numpy, select_family
 from infrarsi.models.encoding import FeatureEncoder
 from infrarsi.models.priors import KnobPrior, coef_prior, monotone_signs
 
@@ -68,6 +68,10 @@ MIN_SPREAD = 0.1
 FALLBACK_SPREAD = 0.2
 FALLBACK_WIDE_SPREAD = 0.5
 FALLBACK_LOC_SD = {"peak": MIN_SPREAD, "stated": 0.3, "none": 1.0}
+# Labels alone (ok without a reading, OOM) and no location stated by another fit: the location
+# intercept's prior is centred where the prior slopes put the average trial at the capacities
+# seen, std 1 (a factor e), weighed as one pseudo-observation.
+LABELS_LOC_SD = 1.0
 
 
 def _floor_spread(dist: str, shape: float, min_spread: float) -> float:
@@ -139,10 +143,16 @@ class PeakMemoryModel(BaseEstimator):
     def fit(self, X, memory=None, observed=None) -> PeakMemoryModel:
         """``memory``: peak where ``observed``, capacity exceeded where not (right-censored).
 
-        ``memory`` may also be a scikit-survival structured array ``(event, time)``.
+        ``memory`` may also be a scikit-survival structured array ``(event, time)``, or an
+        ``(n, 2)`` array of interval bounds ``[lower, upper]`` (see :meth:`fit_interval`).
         """
         if self.distribution not in ("auto", "lognormal", "weibull"):
             raise ValueError(f"distribution must be auto|lognormal|weibull, got {self.distribution!r}")
+        arr = np.asarray(memory) if memory is not None else None
+        if arr is not None and not arr.dtype.names and arr.ndim == 2 and arr.shape[1] == 2:
+            if observed is not None:
+                raise ValueError("pass either (n, 2) interval bounds or memory + observed, not both")
+            return self.fit_interval(X, arr[:, 0], arr[:, 1])
         memory, observed = _split_y(memory, observed)
         X = as_2d(X)
         if len(memory) != len(X):
@@ -160,6 +170,7 @@ class PeakMemoryModel(BaseEstimator):
         self.log_scale_ = float(np.median(obs_log)) if len(obs_log) else (
             float(np.max(logm)) if len(logm) else 0.0)
         self.fallen_back_ = False
+        self.n_left_censored_ = 0
         if not observed.any():
             self._fallback(X, logm, observed, m, s, "no trial with an observed peak (all OOM or none)")
             return self
@@ -174,6 +185,93 @@ class PeakMemoryModel(BaseEstimator):
                            f"{str(exc).strip().splitlines()[0][:120]})")
         return self
 
+    def fit_interval(self, X, lower, upper) -> PeakMemoryModel:
+        """Fit peak memory known only to lie in ``[lower, upper]`` per trial.
+
+        An observed peak is ``lower == upper``; an OOM is ``[capacity, inf)`` (right-censored,
+        or from a partial reading if higher); an ok trial without a reading is ``[0, capacity]``
+        (left-censored). So P(OOM) is learned from ok/OOM labels alone: with both kinds of
+        labels the likelihood places the location and the slopes between them, where a
+        right-censored-only fit, which must drop the unread ok trials, sees OOMs alone and can
+        only fall back to the priors. Without a left-censored or proper interval row this is
+        exactly :meth:`fit` (the lifelines fit of record); with one, the same penalized
+        likelihood is fitted in numpy (:func:`~infrarsi.models._lifelines.fit_numpy`), plus a
+        weak prior on the location intercept where no peak was observed (labels alone cannot
+        tell a location far below the capacity from one just below).
+        """
+        X = as_2d(X)
+        lo = np.asarray(lower, dtype=float).ravel()
+        hi = np.asarray(upper, dtype=float).ravel()
+        if not (len(lo) == len(hi) == len(X)):
+            raise ValueError(f"X has {len(X)} rows, lower {len(lo)}, upper {len(hi)}")
+        if np.any(hi < lo):
+            raise ValueError("interval bounds need lower <= upper in every row")
+        exact = (lo == hi) & (lo > 0)
+        right = np.isinf(hi) & (lo > 0)
+        if np.all(exact | right):  # no left-censored or interval row: the classic fit
+            return self.fit(X, np.where(exact, lo, lo), exact)
+        if self.distribution not in ("auto", "lognormal", "weibull"):
+            raise ValueError(f"distribution must be auto|lognormal|weibull, got {self.distribution!r}")
+        p = X.shape[1]
+        self.n_features_in_ = p
+        m, s = prior_arrays(p, self.prior_mean, self.prior_std, self.default_prior_std)
+        sign = np.zeros(p) if self.monotone is None else np.asarray(self.monotone, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_lo = np.where(lo > 0, np.log(np.where(lo > 0, lo, 1.0)), -np.inf)
+            log_hi = np.log(hi)
+        keep = finite_rows(X, np.where(np.isfinite(log_lo), log_lo, log_hi), model="PeakMemoryModel")
+        keep &= ~(np.isinf(log_lo) & np.isinf(log_hi))  # (0, inf): no information
+        X, log_lo, log_hi = clean_X(X[keep]), log_lo[keep], log_hi[keep]
+        exact = log_lo == log_hi
+        self.X_fit_ = X
+        self.fallen_back_ = False
+        self.n_left_censored_ = int(np.sum(np.isinf(log_lo)))
+        self.log_scale_ = float(np.median(log_lo[exact])) if exact.any() else float(
+            np.median(np.where(np.isfinite(log_hi), log_hi, log_lo)))
+        left = np.isinf(log_lo)
+        right = np.isinf(log_hi)
+        if not exact.any() and not (left.any() and right.any()):
+            why = ("only ok trials without a reading (no OOM, no observed peak)" if left.any()
+                   else "no trial with an observed peak (all OOM or none)")
+            obs = np.zeros(len(X), bool)
+            self._fallback(X, np.where(right, log_lo, log_hi), obs, m, s, why,
+                           below=not right.any())
+            return self
+        t_lo, t_hi = log_lo - self.log_scale_, log_hi - self.log_scale_
+        b0_prior = None
+        if not exact.any():
+            # labels alone: a weak prior on the location (the capacity's median where no other
+            # fit stated one, one pseudo-observation of std LABELS_LOC_SD)
+            if self.prior_intercept is not None:
+                c0, sd0 = float(self.prior_intercept) - self.log_scale_, FALLBACK_LOC_SD["stated"]
+            else:
+                c0 = float(np.mean(np.where(right, t_lo, t_hi) - X @ m))
+                sd0 = LABELS_LOC_SD
+            b0_prior = (c0, 1.0 / (len(X) * sd0**2))
+        const = X.std(axis=0) < 1e-9
+        cols = np.flatnonzero(~const)
+        args = (m[cols], s[cols], sign[cols], self.monotone_strength, self.min_spread)
+        dists = ["lognormal", "weibull"] if self.distribution == "auto" else [self.distribution]
+        fits = {}
+        for d in dists:
+            x0 = None
+            warm = getattr(self, "_warm_", None)
+            if warm is not None and warm[0] == d and len(warm[1]) == len(cols) + 2:
+                x0 = warm[1]
+            try:
+                fits[d] = fit_numpy(d, X[:, cols], t_lo, t_hi, *args, b0_prior=b0_prior, x0=x0)
+            except Exception as exc:  # noqa: BLE001 - a failed family leaves the other
+                last = exc
+        if not fits:
+            self._fallback(X, np.where(right, log_lo, log_hi), np.zeros(len(X), bool), m, s,
+                           f"interval-censored fit failed ({type(last).__name__}: {last})")
+            return self
+        self.aic_ = {d: f.aic for d, (f, _) in fits.items()}
+        dist = min(self.aic_, key=self.aic_.get)
+        fit, th = fits[dist]
+        self._warm_ = (dist, th)
+        self._store_fit(fit, X, m, s, const, cols)
+        return self
     def _fit_lifelines(self, X, t, observed, m, s, sign, rng) -> None:
         const = X.std(axis=0) < 1e-9
         cols = np.flatnonzero(~const)
@@ -197,6 +295,9 @@ class PeakMemoryModel(BaseEstimator):
             fit = fit_aft(dist, X[:, cols], t, observed, *args)
         if self.distribution != "auto":
             self.aic_ = {dist: fit.aic}
+        self._store_fit(fit, X, m, s, const, cols)
+
+    def _store_fit(self, fit, X, m, s, const, cols) -> None:
         p = X.shape[1]
         coef = m.copy()
         coef[cols] = fit.coef
@@ -212,7 +313,7 @@ class PeakMemoryModel(BaseEstimator):
         # a constant column's slope is uncertain only away from the value it was seen at
         self.var_center_ = np.where(const, X[0], 0.0)
 
-    def _fallback(self, X, logm, observed, m, s, why: str) -> None:
+    def _fallback(self, X, logm, observed, m, s, why: str, below: bool = False) -> None:
         fallback("PeakMemoryModel", why)
         self.fallen_back_ = True
         self.dist_, self.aic_ = "lognormal", {}
@@ -224,6 +325,10 @@ class PeakMemoryModel(BaseEstimator):
             self.shape_, loc_sd = FALLBACK_WIDE_SPREAD, FALLBACK_LOC_SD["none"]
         if observed.any():
             b0 = float(np.mean(logm[observed] - X[observed] @ m)) - self.log_scale_
+        elif len(logm) and below:  # only ok trials without a reading: 50% below the capacities
+            b0 = float(np.mean(logm - X @ m)) - np.log(1.5) - self.log_scale_
+            if self.prior_intercept is not None:
+                b0 = min(b0, float(self.prior_intercept) - self.log_scale_)
         elif len(logm):  # only censored rows: put the median 50% above the capacities seen
             b0 = float(np.mean(logm - X @ m)) + np.log(1.5) - self.log_scale_
             if self.prior_intercept is not None:
@@ -316,6 +421,48 @@ class PeakMemoryModel(BaseEstimator):
                 "source": "prior" if self.fallen_back_ else "fit",
             })
         return pd.DataFrame(rows)
+
+
+def memory_bounds(record, capacity: float | None = None) -> tuple[float, float] | None:
+    """``(lower, upper)`` bytes of one trial's peak memory, or None when it says nothing.
+
+    An observed peak is exact; an OOM is right-censored at the capacity it exceeded (its
+    ``memory_censor_bytes``, or a partial reading if higher); an ok trial without a reading is
+    left-censored at its device's capacity (it fit). ``capacity``: the device's, for records
+    that do not carry their own. Errors and rejected trials say nothing about memory.
+    """
+    from infrarsi.trial import TrialStatus
+
+    cap = (record.memory_capacity_bytes or getattr(record.hardware, "memory_bytes", None)
+           or capacity)
+    if record.status is TrialStatus.OOM:
+        lo = max(float(record.memory_censor_bytes or 0), float(cap or 0),
+                 float(record.peak_memory_max_bytes or 0))
+        return (lo, float("inf")) if lo > 0 else None
+    if record.status is not TrialStatus.OK:
+        return None
+    peak = record.peak_memory_max_bytes
+    if peak:
+        return float(peak), float(peak)
+    return (0.0, float(cap)) if cap else None
+
+
+def interval_dataset(encoder: FeatureEncoder, records, capacity: float | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """``(X, bounds)``: every trial that says something about memory, bounds ``(n, 2)`` bytes
+    ``[lower, upper]`` (see :func:`memory_bounds`), for :meth:`PeakMemoryModel.fit`."""
+    rows = [(r, b) for r in records if (b := memory_bounds(r, capacity)) is not None]
+    X = encoder.transform_records([r for r, _ in rows])
+    bounds = np.array([b for _, b in rows], dtype=float).reshape(len(rows), 2)
+    return X, bounds
+
+
+def has_memory_signal(bounds: np.ndarray) -> bool:
+    """Whether bounds can place a memory model: an observed peak, or both a trial that fit
+    (left-censored) and one that did not (right-censored)."""
+    b = np.asarray(bounds, dtype=float).reshape(-1, 2)
+    exact = (b[:, 0] == b[:, 1]) & (b[:, 0] > 0)
+    return bool(exact.any() or ((b[:, 0] <= 0).any() and np.isinf(b[:, 1]).any()))
 
 
 def _split_y(memory, observed) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,7 @@ import numpy as np
 
 from infrarsi.models import FeatureEncoder, KnobPrior, PeakMemoryModel, StepTimeModel
 from infrarsi.models.crash import CrashModel, crash_dataset
+from infrarsi.models.peak_memory import has_memory_signal, interval_dataset
 from infrarsi.models.priors import monotone_signs
 from infrarsi.search._policy import (
     EXPERIENCE_CACHE_SIZE,
@@ -91,10 +92,10 @@ def _fit_experience(encoder: FeatureEncoder, records: Sequence[TrialRecord],
     if ok:
         tm = StepTimeModel.from_priors(encoder, list(priors), random_state=0)
         tm.fit(encoder.transform_records([r for r, _ in ok]), -np.log([v for _, v in ok]))
-    mem_rows = [r for r in records if r.memory_observation is not None]
-    if with_memory and any(r.memory_observation[1] for r in mem_rows):
+    X_mem, bounds = interval_dataset(encoder, records) if with_memory else (None, None)
+    if with_memory and has_memory_signal(bounds):
         mm = PeakMemoryModel.from_priors(encoder, list(priors), random_state=0)
-        mm.fit(*encoder.memory_dataset(mem_rows))
+        mm.fit(X_mem, bounds)
     return tm, mm
 
 
@@ -244,15 +245,15 @@ class Fitter:
             mu, sd = np.zeros(n_pool), np.ones(n_pool)
 
         p_oom, med = np.zeros(n_pool), None
-        mem_rows = [r for r in records if r.memory_observation is not None]
         capacity = float(self.hardware.memory_bytes or 0)
+        X_mem, bounds = interval_dataset(self.encoder, records, capacity or None)
         # Own OOMs count from the first: with experience's slopes and location as the prior, an
         # OOM raises the location where experience put it too low (see PeakMemoryModel's
         # prior_intercept); waiting for an observed peak spent most trials on OOMs when
         # experience came from smaller models.
-        if capacity and mem_rows:
+        if capacity and len(bounds):
             mm = self._memory_model_for(exp)
-            mm.fit(*self.encoder.memory_dataset(mem_rows))
+            mm.fit(X_mem, bounds)
             if not getattr(mm, "fallen_back_", False):
                 self._memory_family = mm.dist_
             p_oom = mm.p_oom(X_pool, capacity)
