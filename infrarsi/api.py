@@ -12,7 +12,8 @@ calls them directly::
 
 ``infrarsi.doctor``, ``infrarsi.report`` and ``infrarsi.apply`` are the stage packages, made
 callable (``run_doctor``, ``build_report``, ``apply_run``); ``init`` and ``run`` are here.
-Every ``run_dir`` defaults to the last initialized run (``runs/LATEST``).
+Every ``run_dir`` defaults to the last initialized run (``<home>/runs/LATEST``, see
+:mod:`infrarsi._home`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from infrarsi.doctor.stage import DoctorResult, run_doctor
 from infrarsi.init_stage import InitResult, init
 from infrarsi.report.stage import ReportResult, build_report
 from infrarsi.rundir import resolve_run_dir
-from infrarsi.search.run_stage import RunOutcome, run_search
+from infrarsi.search import run_stage
+from infrarsi.search.run_stage import RunOutcome
 from infrarsi.stats import DEFAULT_PAIRS
 
 __all__ = ["ApplyResult", "DoctorResult", "InitResult", "ReportResult", "RunOutcome", "apply",
@@ -47,10 +49,10 @@ def run(run_dir: str | Path | None = None, *, budget: int, resume: bool = False,
 
     ``resume`` continues a run whose driver died; ``cold`` ignores the bank's experience;
     ``patches=False`` searches launch knobs only; ``fresh_processes=True`` starts every trial
-    in new worker processes instead of the warm pool's live ones; ``progress`` receives the progress table's
-    lines. The outcome's ``promoted`` is None when nothing cleared the floor."""
-    return run_search(resolve_run_dir(run_dir), budget=budget, resume=resume,
-                      verify_top=verify_top, pairs=pairs, max_concurrent=max_concurrent,
-                      local_mode=local_mode, bank_url=bank_url, progress=progress,
-                      use_experience=not cold, patches=patches,
-                      fresh_processes=fresh_processes)
+    in new worker processes instead of the warm pool's live ones; ``progress`` receives the
+    progress table's lines. The outcome's ``promoted`` is None when nothing cleared the floor."""
+    return run_stage.run_search(
+        resolve_run_dir(run_dir), budget=budget, resume=resume, verify_top=verify_top,
+        pairs=pairs, max_concurrent=max_concurrent, local_mode=local_mode, bank_url=bank_url,
+        progress=progress, use_experience=not cold, patches=patches,
+        fresh_processes=fresh_processes)

@@ -47,9 +47,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     contract, path = result.contract, result.contract_path
     print(f"baseline: {result.baseline.summary()}")
     print(f"frozen files: {len(contract.frozen_files)}; editable: {', '.join(contract.editable)}")
-    print(f"work per step: {contract.work['tokens_per_step']:,} tokens "
-          f"({contract.work['global_batch_size']} x {contract.work['seq_len']}), "
-          f"{contract.work['num_params']:,} parameters")
+    print(f"work per step: {contract.work.tokens_per_step:,} tokens "
+          f"({contract.work.global_batch_size} x {contract.work.seq_len}), "
+          f"{contract.work.num_params:,} parameters")
     trace = ", ".join(f"{v:.4f}" for v in contract.loss_reference["trace"])
     print(f"loss reference ({contract.loss_reference['steps']} steps, seed "
           f"{contract.loss_reference['seed']}): {trace}")

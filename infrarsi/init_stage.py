@@ -33,7 +33,7 @@ class InitResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_dir": str(self.run_dir), "contract_path": str(self.contract_path),
-                "contract_sha256": self.contract.sha256, "work": dict(self.contract.work),
+                "contract_sha256": self.contract.sha256, "work": self.contract.work.to_dict(),
                 "loss_reference": dict(self.contract.loss_reference),
                 "baseline": self.baseline.to_dict()}
 

@@ -78,3 +78,23 @@ def test_cli_registers_every_stage_on_the_api():
     sub = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001
     assert {"init", "doctor", "run", "report", "apply", "trial"} <= set(sub)
     assert sub["apply"].get_default("func").__module__ == "infrarsi.apply._cli"
+
+
+def test_proposer_context_is_typed_and_reads_as_a_mapping():
+    from infrarsi.errors import ConfigError
+    from infrarsi.proposers import ProposerContext
+
+    ctx = ProposerContext(space="S", findings={"matmul": 1})
+    assert ctx.findings == {"matmul": 1} and ctx.get("findings") == {"matmul": 1}
+    assert ctx.get("bank") is None and "bank" not in ctx and set(ctx) == {"space", "findings"}
+    assert ProposerContext.of({"space": "S", "lineage": "x"}).lineage == "x"
+    with pytest.raises(ConfigError, match="findigns"):
+        ProposerContext.of({"space": "S", "findigns": {}})
+
+
+def test_contract_work_is_a_typed_record_that_round_trips():
+    from infrarsi.contract import Work
+
+    w = Work(tokens_per_step=2048, global_batch_size=8, seq_len=256, shape={"hidden_size": 128},
+             num_params=10, flops_per_token=60.0)
+    assert Work.from_dict(w.to_dict()) == w

@@ -65,7 +65,7 @@ def test_contract_round_trips_and_freezes_harness_and_entry(tmp_path):
     assert "workspace/entry.py" in contract.frozen_files
     assert any(k.startswith("harness/") for k in contract.frozen_files)
     contract.verify_frozen()
-    assert contract.work["tokens_per_step"] == contract.spec().workload.tokens_per_step
+    assert contract.work.tokens_per_step == contract.spec().workload.tokens_per_step
 
 
 def test_tampered_frozen_file_is_caught_and_named(tmp_path):

@@ -8,7 +8,7 @@ the leave-one-workload-out experience a bank would hold.
 from __future__ import annotations
 
 from infrarsi.bench._peers import METRIC, register_searcher
-from infrarsi.proposers import ExpertProposer
+from infrarsi.proposers import ExpertProposer, ProposerContext
 from infrarsi.search import InfraRSISearcher, SearchEngine
 from infrarsi.search.engine import ExperienceCache
 
@@ -19,7 +19,7 @@ EXPERIENCE_CACHE = ExperienceCache()
 
 @register_searcher("infrarsi", uses_experience=True)
 def make_infrarsi(space, backend, budget, seed, experience=None):
-    priors = ExpertProposer().priors({"space": space, "hardware": backend.hardware})
+    priors = ExpertProposer().priors(ProposerContext(space=space, hardware=backend.hardware))
     engine = SearchEngine(space, backend.workload, backend.hardware, budget=budget, seed=seed,
                           experience=experience or (), objective=backend.objective,
                           baseline=backend.baseline_config(), priors=priors,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from infrarsi.contract.contract import CONTRACT_FILE, Contract, frozen_paths, lock
+from infrarsi.contract.contract import CONTRACT_FILE, Contract, Work, frozen_paths, lock
 from infrarsi.contract.spec import TaskSpec, load_task
 from infrarsi.rundir import resolve_run_dir
 
-__all__ = ["CONTRACT_FILE", "Contract", "TaskSpec", "frozen_paths", "load_task", "lock",
+__all__ = ["CONTRACT_FILE", "Contract", "TaskSpec", "Work", "frozen_paths", "load_task", "lock",
            "resolve_run_dir"]

@@ -34,6 +34,35 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Work:
+    """The work per step the contract locks: what every trial must compute, whatever its knobs.
+
+    ``tokens_per_step`` is checked on every trial (a trial that trains on fewer tokens is
+    rejected, never rewarded); the rest describes the model for MFU and the report:
+    ``num_params`` and ``flops_per_token`` are measured on the built model at ``init``."""
+
+    tokens_per_step: int
+    global_batch_size: int
+    seq_len: int
+    shape: dict[str, Any] = field(default_factory=dict)
+    num_params: int = 0
+    flops_per_token: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens_per_step": self.tokens_per_step,
+                "global_batch_size": self.global_batch_size, "seq_len": self.seq_len,
+                "shape": dict(self.shape), "num_params": self.num_params,
+                "flops_per_token": self.flops_per_token}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Work:
+        return cls(tokens_per_step=int(data["tokens_per_step"]),
+                   global_batch_size=int(data["global_batch_size"]), seq_len=int(data["seq_len"]),
+                   shape=dict(data.get("shape") or {}), num_params=int(data.get("num_params") or 0),
+                   flops_per_token=float(data.get("flops_per_token") or 0.0))
+
+
 def frozen_paths(spec: TaskSpec) -> dict[str, Path]:
     """Frozen files by contract key: ``harness/<file>`` and ``workspace/<file>``."""
     out: dict[str, Path] = {}
@@ -59,7 +88,7 @@ class Contract:
     task: dict[str, Any]
     frozen_files: dict[str, str]
     editable: tuple[str, ...]
-    work: dict[str, Any]
+    work: Work
     loss_reference: dict[str, Any]
     timing: dict[str, Any]
     baseline_config: dict[str, Any]
@@ -74,7 +103,7 @@ class Contract:
             "task": self.task,
             "frozen_files": self.frozen_files,
             "editable": list(self.editable),
-            "work": self.work,
+            "work": self.work.to_dict(),
             "loss_reference": self.loss_reference,
             "timing": self.timing,
             "baseline_config": self.baseline_config,
@@ -116,6 +145,7 @@ class Contract:
             )
         data.pop("schema")
         data["editable"] = tuple(data["editable"])
+        data["work"] = Work.from_dict(data["work"])
         return cls(**data, sha256=sha)
 
     # ---- checks -----------------------------------------------------------------------
@@ -159,7 +189,7 @@ class Contract:
         return None
 
     def check_work(self, tokens_per_step: int | None) -> str | None:
-        want = self.work["tokens_per_step"]
+        want = self.work.tokens_per_step
         if tokens_per_step != want:
             return f"work per step changed: {tokens_per_step} tokens, the contract locks {want}"
         return None
@@ -180,14 +210,14 @@ def lock(spec: TaskSpec, *, baseline_config: dict[str, Any], loss_trace: Sequenc
         task=spec.to_dict(),
         frozen_files={k_: sha256_file(p) for k_, p in frozen_paths(spec).items()},
         editable=tuple(spec.scope.editable),
-        work={
-            "tokens_per_step": wl.tokens_per_step,
-            "global_batch_size": wl.global_batch_size,
-            "seq_len": wl.seq_len,
-            "shape": spec.to_dict()["workload"]["shape"],
-            "num_params": int(model_stats.get("num_params", 0)),
-            "flops_per_token": float(model_stats.get("flops_per_token", 0.0)),
-        },
+        work=Work(
+            tokens_per_step=wl.tokens_per_step,
+            global_batch_size=wl.global_batch_size,
+            seq_len=wl.seq_len,
+            shape=spec.to_dict()["workload"]["shape"],
+            num_params=int(model_stats.get("num_params", 0)),
+            flops_per_token=float(model_stats.get("flops_per_token", 0.0)),
+        ),
         loss_reference={
             "steps": k,
             "seed": spec.loss_reference.seed,

@@ -196,9 +196,9 @@ def _payload(records: Sequence[TrialRecord], contract: Contract, backend, config
     # CPU: measured, since whether bf16 pays depends on the processor (datasheets cover GPUs)
     matmul = (matmul_speeds(int(config.get("num_threads", 1)))
               if spec.hardware.device == "cpu" else None)
-    mfu = compute_mfu(step_s=step, tokens_per_step=contract.work["tokens_per_step"],
+    mfu = compute_mfu(step_s=step, tokens_per_step=contract.work.tokens_per_step,
                       flops_per_token=float(extra.get("flops_per_token")
-                                            or contract.work["flops_per_token"]),
+                                            or contract.work.flops_per_token),
                       num_workers=int(config.get("num_workers", 1)), device=spec.hardware.device,
                       num_threads=int(config.get("num_threads", 1)),
                       device_peak_flops=backend.hardware.peak_flops,
@@ -228,7 +228,7 @@ def _payload(records: Sequence[TrialRecord], contract: Contract, backend, config
         "task": spec.name,
         "device": spec.hardware.device,
         "memory_capacity_bytes": capacity,
-        "tokens_per_step": contract.work["tokens_per_step"],
+        "tokens_per_step": contract.work.tokens_per_step,
         "device_seconds": sum(r.device_seconds for r in records),
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }

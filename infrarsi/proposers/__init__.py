@@ -19,7 +19,7 @@ from infrarsi.proposers._llm_client import (
     LLMUnavailable,
 )
 from infrarsi.proposers._llm_prompt import PATCHES_SCHEMA, PRIORS_SCHEMA
-from infrarsi.proposers.base import Context, Proposer, editable_source
+from infrarsi.proposers.base import Context, Proposer, ProposerContext, editable_source
 from infrarsi.proposers.expert import RULES, ExpertProposer, bank_patches
 from infrarsi.proposers.llm import LLMProposer
 
@@ -40,6 +40,7 @@ __all__ = [
     "LLMTruncated",
     "LLMUnavailable",
     "Proposer",
+    "ProposerContext",
     "bank_patches",
     "editable_source",
 ]

@@ -1,21 +1,9 @@
 """The proposer interface: priors on knob effects and candidate patches, from one context.
 
-The context is a plain mapping (the run stage builds it; every key but ``space`` is optional):
-
-=============== ====================================================================
-key             what
-=============== ====================================================================
-space           the SearchSpace being searched (knob names, domains, defaults)
-workload        WorkloadSignature (family, shape)
-hardware        HardwareFingerprint (device name, memory, interconnect)
-spec            TaskSpec (device, scope, llm settings)
-workspace       path of the user's workspace (its editable source goes into prompts)
-findings        doctor's bottleneck findings (a plain dict: phase times, peak memory...)
-trials          measured trials so far (TrialRecord or their ``to_dict()``)
-revisions       miscalibrated priors: PriorRevision or its ``to_dict()``, with evidence
-bank, run_id    the ExperienceBank and this run (bank patches, LLM audit log)
-lineage         the workload's code lineage (default: the task name)
-=============== ====================================================================
+The context is a :class:`ProposerContext` (the run stage builds it; every field but ``space``
+is optional). It is also a read-only mapping of its set fields, so ``context.get("findings")``
+reads the same as ``context.findings``, and a plain dict with the same keys is accepted where a
+context is (tests, notebooks); :meth:`ProposerContext.of` checks such a dict's keys.
 
 Patches a proposer returns are candidates: the caller verifies each with
 :func:`infrarsi.patches.verify_patch` before it becomes a knob, whatever its origin.
@@ -24,14 +12,64 @@ Patches a proposer returns are candidates: the caller verifies each with
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from infrarsi.errors import ConfigError
 from infrarsi.models.priors import KnobPrior
 from infrarsi.patches import Patch, Scope
 
-Context = Mapping[str, Any]
+
+@dataclass(frozen=True, eq=False)
+class ProposerContext(Mapping):
+    """What a proposer is told about the run (the one argument of ``priors`` and ``patches``)."""
+
+    space: Any  #: the SearchSpace being searched (knob names, domains, defaults)
+    workload: Any = None  #: WorkloadSignature (family, shape)
+    hardware: Any = None  #: HardwareFingerprint (device name, memory, interconnect)
+    spec: Any = None  #: TaskSpec (device, scope, llm settings)
+    contract: Any = None  #: the locked Contract (its scope bounds what a patch may touch)
+    workspace: Path | None = None  #: the user's workspace (its editable source goes into prompts)
+    findings: Mapping[str, Any] = field(default_factory=dict)  #: doctor's digest (phases, memory...)
+    trials: Sequence[Any] = ()  #: measured trials so far (TrialRecord or their ``to_dict()``)
+    revisions: Sequence[Any] = ()  #: miscalibrated priors (PriorRevision or ``to_dict()``)
+    patches: Sequence[Any] = ()  #: the run's verified patches (their knobs are in ``space``)
+    bank: Any = None  #: the ExperienceBank (bank patches, the LLM audit log)
+    run_id: str | None = None  #: this run's id in the bank
+    lineage: str | None = None  #: the workload's code lineage (default: the task name)
+
+    @classmethod
+    def of(cls, context: Mapping[str, Any]) -> ProposerContext:
+        """``context`` as a ProposerContext; a plain mapping's unknown keys are an error."""
+        if isinstance(context, ProposerContext):
+            return context
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(context) - known)
+        if unknown or "space" not in context:
+            raise ConfigError(
+                f"proposer context: unknown key(s) {unknown} or no 'space'; the keys are "
+                f"{sorted(known)}")
+        return cls(**dict(context))
+
+    # read-only mapping of the fields that are set (None and empty fields are absent)
+    def _set(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) not in (None, (), {})]
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._set():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._set())
+
+    def __len__(self) -> int:
+        return len(self._set())
+
+
+Context = Mapping[str, Any]  # a ProposerContext, or a plain mapping with its keys
 
 
 class Proposer(abc.ABC):

@@ -91,7 +91,7 @@ class ReportData:
 
     @property
     def tokens_per_step(self) -> int:
-        return int(self.contract.work.get("tokens_per_step") or 0)
+        return int(self.contract.work.tokens_per_step or 0)
 
     @property
     def capacity_bytes(self) -> int | None:
@@ -137,7 +137,7 @@ class ReportData:
         return list(dict.fromkeys([*ids, *promo]))
 
     def mfu(self, tokens_per_s: float | None, record: TrialRecord | None = None) -> float | None:
-        fpt = float(self.contract.work.get("flops_per_token") or 0.0)
+        fpt = float(self.contract.work.flops_per_token or 0.0)
         if not fpt and record is not None:
             fpt = float(record.extra.get("flops_per_token") or 0.0)
         if not (tokens_per_s and fpt and self.peak_flops):

@@ -74,10 +74,13 @@ def prepare_patches(session: Any, *, enabled: bool = True, resume: bool = False,
     spec, contract = session.spec, session.contract
     workspace = spec.workspace_path()
     lineage = _lineage(session)
-    context = {"space": session.backend.space, "workload": session.backend.workload,
-               "hardware": session.backend.hardware, "spec": spec, "contract": contract,
-               "workspace": workspace, "bank": session.bank, "run_id": session.run_id,
-               "lineage": lineage, "findings": session.findings}
+    from infrarsi.proposers import ProposerContext
+
+    context = ProposerContext(
+        space=session.backend.space, workload=session.backend.workload,
+        hardware=session.backend.hardware, spec=spec, contract=contract, workspace=workspace,
+        bank=session.bank, run_id=session.run_id, lineage=lineage,
+        findings=session.findings or {})
     proposer = proposer or make_proposer(spec, progress)
     candidates = _dedupe(_propose(proposer, context, progress))
     name = getattr(proposer, "name", type(proposer).__name__)
@@ -123,7 +126,7 @@ def prepare_patches(session: Any, *, enabled: bool = True, resume: bool = False,
 
 
 # ---- steps --------------------------------------------------------------------------------
-def _propose(proposer: Any, context: dict[str, Any], progress) -> list[Patch]:
+def _propose(proposer: Any, context: Any, progress) -> list[Patch]:
     from infrarsi.proposers import ExpertProposer
 
     try:

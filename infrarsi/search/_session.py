@@ -175,15 +175,14 @@ class RunSession:
 
     def priors(self) -> list:
         try:
-            from infrarsi.proposers import ExpertProposer
+            from infrarsi.proposers import ExpertProposer, ProposerContext
         except ImportError:
             return []
         try:
-            return list(ExpertProposer().priors({"space": self.backend.space,
-                                                 "workload": self.backend.workload,
-                                                 "hardware": self.backend.hardware,
-                                                 "spec": self.spec, "patches": self.patches,
-                                                 "findings": self.findings}))
+            return list(ExpertProposer().priors(ProposerContext(
+                space=self.backend.space, workload=self.backend.workload,
+                hardware=self.backend.hardware, spec=self.spec, patches=tuple(self.patches),
+                findings=self.findings or {})))
         except Exception as e:  # noqa: BLE001 - priors are advice; a broken one must not stop a run
             self.progress(f"warning: the expert proposer failed ({e}); searching without priors")
             return []
