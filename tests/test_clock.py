@@ -3,6 +3,7 @@ in-process clock was tampered with reports the outside clock's true step times a
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -47,6 +48,8 @@ def test_a_trial_whose_patched_model_halves_the_clock_is_rejected_with_true_time
     outside timer's step times."""
     entry = next(e for e in load_catalog("gaming") if e.patch.id == "clock_private_reference")
     spec = tiny_spec()
+    # enough timed steps that halving them is well past the tolerance of a loaded machine
+    spec = dataclasses.replace(spec, timing=dataclasses.replace(spec.timing, measured_steps=20))
     ws = materialize(WORKSPACE, [entry.patch], Scope.from_spec(spec), cache=tmp_path)
     monkeypatch.setattr(C, "_perf", C._perf)  # restored after the test
     space = build_torch_space(spec)

@@ -50,7 +50,9 @@ def test_spread_trial_runs_its_workers_on_two_nodes(cluster: LocalRayCluster, tm
     nodes_seen: set[str] = set()
     trial_driver_nodes: set[str] = set()
     while driver.proc.poll() is None:
-        nodes_seen |= {name for name, _ in cluster.find("RayTrainWorker")}
+        # a trial's workers: Ray Train's (fresh processes) or the warm pool's (the default)
+        nodes_seen |= {name for needle in ("RayTrainWorker", "PoolWorker")
+                       for name, _ in cluster.find(needle)}
         trial_driver_nodes |= {name for name, _ in cluster.find("ImplicitFunc")}
         time.sleep(0.5)
     summary = driver.wait(timeout=10)

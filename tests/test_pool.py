@@ -18,7 +18,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(autouse=True)
 def _no_idle_pool(ray_local):
-    """Each test starts with no warm group (and leaves none holding CPUs)."""
+    """Each test starts with no warm group (an earlier test file's pool may still be up) and
+    leaves none holding CPUs."""
+    _pool.shutdown_process_pool()
     yield
     _pool.shutdown_process_pool()
 
