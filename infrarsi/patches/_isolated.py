@@ -87,7 +87,7 @@ def candidate_checks(req: dict[str, Any]) -> dict[str, Any]:
         if req.get("sandbox", True):
             S.install_audit(req["scratch"], TIMER_ARGS)
         guards = req.get("guards", True)  # False: tests only (is this what rejects a patch?)
-        integrity = S.Integrity(numerics=guards)
+        integrity = S.Integrity(check_numerics=guards)
         before = D.snapshot()
         with S.NumericsGuard(1, active=guards) as ng:
             ev.update(D.probe_candidate(req["patched_ws"], spec, ref, rtol=req["grad_rtol"],

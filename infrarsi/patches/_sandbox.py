@@ -203,11 +203,11 @@ def numerics() -> dict[str, Any]:
 
 class Integrity:
     """What the candidate's process looked like before the patched code ran; :meth:`problem`
-    says (naming the class) how it differs now. ``numerics=False`` leaves thread counts and
+    says (naming the class) how it differs now. ``check_numerics=False`` leaves thread counts and
     numerics flags out (only to show, in tests, that this check is what rejects a patch)."""
 
-    def __init__(self, numerics: bool = True) -> None:
-        self.check_numerics = numerics
+    def __init__(self, check_numerics: bool = True) -> None:
+        self.check_numerics = check_numerics
         self.fp = fingerprint()
         self.numerics = numerics()
         self.environ = dict(os.environ)
