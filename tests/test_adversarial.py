@@ -96,11 +96,48 @@ def test_process_group_dependent_patch_passes_without_a_group_and_fails_with_one
     assert with_group.rule == "loss" and "process group" in with_group.reason
 
 
+def _medium_precision_changes_matmul() -> bool:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    prec = torch.get_float32_matmul_precision()
+    try:
+        exact = a @ b
+        torch.set_float32_matmul_precision("medium")
+        return not torch.equal(a @ b, exact)
+    finally:
+        torch.set_float32_matmul_precision(prec)
+
+
+@pytest.mark.parametrize("pid", ["numerics_in_forward", "threads_indirect"])
+def test_the_thread_and_numerics_guards_are_what_rejects(pid):
+    """Same patch, same path, guards off then on. Off: nothing else sees it (a thread count or
+    a matmul precision that changes no result here: losses, gradients and the final state agree
+    within tolerance), so it is accepted. On: rejected by the guard, the reason naming the class.
+    Where lowered matmul precision does change results on this CPU, the gradient/loss checks
+    reject it too (defence in depth) and that is what is asserted instead."""
+    entry, spec = _entry(pid), tiny_spec()
+    off = verify_patch(entry.patch, workspace=WORKSPACE, spec=spec, guards=False)
+    if pid == "numerics_in_forward" and _medium_precision_changes_matmul():
+        assert off.rule in ("gradient", "loss", "checksum"), f"{off.rule}: {off.reason}"
+    else:
+        assert off.accepted, f"{off.rule}: {off.reason}"
+    on = verify_patch(entry.patch, workspace=WORKSPACE, spec=spec)
+    assert not on.accepted and on.rule == entry.expect_rule, f"{on.rule}: {on.reason}"
+    assert ISSUE_34[pid] in on.reason, on.reason
+
+
 def test_last_step_skip_passes_the_loss_trace_and_fails_the_checksum():
+    from infrarsi.patches._dynamic import CHECKSUM_RTOL
+    from infrarsi.patches.verify import LOSS_RTOL
+
     v = verify_patch(_entry("skip_last_step").patch, workspace=WORKSPACE, spec=tiny_spec())
-    assert v.rule == "checksum"
-    # every recorded loss agreed: without the checksum the patch would have been accepted
-    assert v.evidence == {} or v.evidence.get("train_max_loss_rel", 0) <= 1e-5
+    assert v.rule == "checksum", f"{v.rule}: {v.reason}"
+    # every recorded loss agreed (over every step): without the checksum it would be accepted
+    assert v.evidence["train_steps"] == len(v.evidence["patched_trace"])
+    assert v.evidence["train_max_loss_rel"] <= LOSS_RTOL
+    assert v.evidence["checksum_max_rel"] > CHECKSUM_RTOL
 
 
 def test_honest_patches_are_accepted_in_any_order_among_gaming_ones():

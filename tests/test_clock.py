@@ -4,16 +4,23 @@ in-process clock was tampered with reports the outside clock's true step times a
 from __future__ import annotations
 
 import dataclasses
+import re
+import statistics
 import time
 
 import pytest
 import torch
 from _patch_specs import WORKSPACE, tiny_spec
+from conftest import copy_task
 
+from infrarsi.contract import load_task
 from infrarsi.harness import clock as C
 from infrarsi.harness import train_worker
 from infrarsi.patches import Scope, load_catalog, materialize
+from infrarsi.trial import TrialStatus
 from infrarsi.workloads import build_torch_space
+
+CLOCK_PATCH = next(e.patch for e in load_catalog("gaming") if e.patch.id == "clock_private_reference")
 
 
 def test_an_honest_clock_agrees_with_the_outside_timer():
@@ -37,6 +44,8 @@ def test_a_half_speed_clock_is_tampering_and_the_outside_times_are_reported(monk
     problem = clock.check()
     assert problem and "clock tampering" in problem
     assert all(d >= 0.045 for d in clock.durations())  # the outside clock: true step times
+    # the message carries them across process boundaries (a Ray error is text)
+    assert C.true_step_times(problem) == pytest.approx(clock.durations(), abs=1e-6)
     # the check itself is what catches it: the in-process durations say half
     assert all(d < 0.04 for d in clock._intervals(clock.marks))
 
@@ -46,11 +55,10 @@ def test_a_trial_whose_patched_model_halves_the_clock_is_rejected_with_true_time
     """``train_worker`` (what a Ray Train worker runs) on a workspace whose patched model halves
     the harness clock's private perf_counter: the trial raises ClockTamperError naming the
     outside timer's step times."""
-    entry = next(e for e in load_catalog("gaming") if e.patch.id == "clock_private_reference")
     spec = tiny_spec()
     # enough timed steps that halving them is well past the tolerance of a loaded machine
     spec = dataclasses.replace(spec, timing=dataclasses.replace(spec.timing, measured_steps=20))
-    ws = materialize(WORKSPACE, [entry.patch], Scope.from_spec(spec), cache=tmp_path)
+    ws = materialize(WORKSPACE, [CLOCK_PATCH], Scope.from_spec(spec), cache=tmp_path)
     monkeypatch.setattr(C, "_perf", C._perf)  # restored after the test
     space = build_torch_space(spec)
     config = space.normalize({**space.defaults(), "num_workers": 1, "num_threads": 1})
@@ -62,3 +70,31 @@ def test_a_trial_whose_patched_model_halves_the_clock_is_rejected_with_true_time
     finally:
         if hasattr(C, "_real"):
             del C._real
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fresh", [True, False], ids=["ray_train_job", "warm_pool"])
+def test_a_real_trial_with_a_patched_clock_is_rejected_with_the_true_step_times(tmp_path,
+                                                                               ray_local, fresh):
+    """A real trial (RayTrainBackend: a TorchTrainer job, or the default warm pool; the task's
+    two gloo ranks) on a workspace whose patched model halves the harness clock: the record is
+    rejected as clock tampering and its step times are the outside timer's, not the halved ones.
+    The static scan is not involved: the patched copy goes straight to the trial."""
+    path = copy_task(tmp_path, **{"timing.warmup_steps": 1, "timing.measured_steps": 3})
+    spec = load_task(path)
+    ws = materialize(spec.workspace_path(), [CLOCK_PATCH], Scope.from_spec(spec),
+                     cache=tmp_path / "cache")
+    from infrarsi.backends.ray_train import RayTrainBackend
+
+    backend = RayTrainBackend(spec, workspace=ws, fresh_processes=fresh)
+    rec = backend.execute(backend.baseline_config())  # num_workers: 2, as the task says
+    assert rec.status is TrialStatus.REJECTED, (rec.status, rec.error_message)
+    assert "clock tampering" in rec.error_message
+    m = re.search(r"reads ([\d.]+) ms per step, the outside timer ([\d.]+) ms", rec.error_message)
+    assert m, rec.error_message
+    inside, outside = float(m[1]), float(m[2])
+    assert 0.4 < inside / outside < 0.6  # what the patched clock would have reported: half
+    assert len(rec.step_times_s) == spec.timing.measured_steps
+    # the record's step times are the outside timer's
+    assert statistics.mean(rec.step_times_s) * 1e3 == pytest.approx(outside, abs=0.1)
+    assert sum(rec.step_times_s) < rec.wall_seconds

@@ -88,6 +88,9 @@ def test_loss_and_work_checks(tmp_path):
     assert contract.check_loss([7.0, 6.9, 6.8, 6.7], "fp32") is None
     assert "drifted at step 2" in contract.check_loss([7.0, 6.9, 6.5, 6.7], "fp32")
     assert contract.check_loss([7.0, 6.9, 6.8, 6.72], "bf16") is None
+    # every step the baseline ran is compared, not only the first K (4 here)
+    assert contract.check_loss([7.0, 6.9, 6.8, 6.7, 6.6], "fp32") is None
+    assert "drifted at step 4" in contract.check_loss([7.0, 6.9, 6.8, 6.7, 6.2], "fp32")
     assert "work per step changed" in contract.check_work(17)
     assert frozen_paths(contract.spec())
 

@@ -175,10 +175,16 @@ class Contract:
         return float(rtol.get(precision, max(DEFAULT_LOSS_RTOL.values())))
 
     def check_loss(self, trace: Sequence[float], precision: str) -> str | None:
-        """None when ``trace`` reproduces the reference's first K losses, else what drifted."""
+        """None when ``trace`` reproduces the baseline's losses, else what drifted.
+
+        A trial must run at least the reference's first K steps; every step it ran that the
+        baseline ran too is compared (``every_step``: the baseline's whole trace, warm-up and
+        measured steps; contracts locked before it existed compare the first K), so work
+        skipped after the first K steps drifts the loss too."""
         ref = self.loss_reference["trace"]
         if len(trace) < len(ref):
             return f"loss trace has {len(trace)} steps, the reference needs {len(ref)}"
+        ref = self.loss_reference.get("every_step") or ref
         rtol = self.loss_rtol(precision)
         for i, (a, b) in enumerate(zip(trace, ref, strict=False)):
             if not math.isfinite(a) or abs(a - b) > rtol * abs(b):
@@ -222,6 +228,7 @@ def lock(spec: TaskSpec, *, baseline_config: dict[str, Any], loss_trace: Sequenc
             "steps": k,
             "seed": spec.loss_reference.seed,
             "trace": [float(v) for v in loss_trace[:k]],
+            "every_step": [float(v) for v in loss_trace],  # checked at every step trials run
             "rtol": rtol,
         },
         timing={

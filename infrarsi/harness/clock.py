@@ -41,7 +41,24 @@ CLOCK_ATOL_S = 0.005
 
 class ClockTamperError(RuntimeError):
     """The in-process clock disagrees with the outside timer: something in the trial's process
-    changed what the harness's clock reads (clock tampering)."""
+    changed what the harness's clock reads (clock tampering). The message gives the outside
+    timer's step times (:func:`true_step_times` reads them back, e.g. from a Ray error)."""
+
+
+_TRUE_TIMES = "true step times "
+
+
+def true_step_times(message: str) -> tuple[float, ...]:
+    """The outside timer's step times named in a :class:`ClockTamperError` message (the message
+    crosses process boundaries as text), or () when it names none."""
+    at = message.find(_TRUE_TIMES + "[")
+    if at < 0:
+        return ()
+    body = message[at + len(_TRUE_TIMES) + 1:].split("]", 1)[0]
+    try:
+        return tuple(float(x) for x in body.split(",") if x.strip())
+    except ValueError:
+        return ()
 
 
 class StepClock:
@@ -123,6 +140,6 @@ class StepClock:
         runs = 1 + len(self._gaps)  # contiguous runs of steps (restart() begins a new one)
         if abs(a - b) > CLOCK_RTOL * b + CLOCK_ATOL_S * 2 * runs:
             return (f"clock tampering: the in-process clock reads {a / len(true) * 1e3:.1f} ms per "
-                    f"step, the outside timer {b / len(true) * 1e3:.1f} ms (true step times "
-                    f"{[round(x, 4) for x in true]} s)")
+                    f"step, the outside timer {b / len(true) * 1e3:.1f} ms ({_TRUE_TIMES}"
+                    f"{[round(x, 6) for x in true]} s)")
         return None

@@ -44,11 +44,13 @@ PARALLEL = {"rank": 0, "world_size": 1, "expert_parallel_degree": 1, "group": No
 
 
 class CheckFailed(Exception):
-    """A dynamic check failed; ``rule`` names it, the message says what differed."""
+    """A dynamic check failed; ``rule`` names it, the message says what differed, ``evidence``
+    (optional) what the checks before it measured."""
 
-    def __init__(self, message: str, rule: str) -> None:
+    def __init__(self, message: str, rule: str, evidence: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.rule = rule
+        self.evidence = dict(evidence or {})
 
 
 # ---- tamper sentinels ---------------------------------------------------------------------

@@ -86,9 +86,10 @@ def candidate_checks(req: dict[str, Any]) -> dict[str, Any]:
         ref = torch.load(req["ref_path"], weights_only=True)
         if req.get("sandbox", True):
             S.install_audit(req["scratch"], TIMER_ARGS)
-        integrity = S.Integrity()
+        guards = req.get("guards", True)  # False: tests only (is this what rejects a patch?)
+        integrity = S.Integrity(check_numerics=guards)
         before = D.snapshot()
-        with S.NumericsGuard(1) as ng:
+        with S.NumericsGuard(1, active=guards) as ng:
             ev.update(D.probe_candidate(req["patched_ws"], spec, ref, rtol=req["grad_rtol"],
                                         after_build=lambda: _check(integrity, ng, None)))
         _check(integrity, ng, None)
@@ -96,7 +97,7 @@ def candidate_checks(req: dict[str, Any]) -> dict[str, Any]:
         if req.get("training", True):
             cfg = req["config"]
             threads = int(cfg["num_threads"])
-            with S.NumericsGuard(threads) as ng:
+            with S.NumericsGuard(threads, active=guards) as ng:
                 try:
                     result = D.train_trace(req["patched_ws"], spec, cfg,
                                            guard=lambda: _check(integrity, ng, threads))

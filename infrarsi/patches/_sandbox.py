@@ -203,9 +203,11 @@ def numerics() -> dict[str, Any]:
 
 class Integrity:
     """What the candidate's process looked like before the patched code ran; :meth:`problem`
-    says (naming the class) how it differs now."""
+    says (naming the class) how it differs now. ``check_numerics=False`` leaves thread counts and
+    numerics flags out (only to show, in tests, that this check is what rejects a patch)."""
 
-    def __init__(self) -> None:
+    def __init__(self, check_numerics: bool = True) -> None:
+        self.check_numerics = check_numerics
         self.fp = fingerprint()
         self.numerics = numerics()
         self.environ = dict(os.environ)
@@ -229,13 +231,15 @@ class Integrity:
         if changed:
             return "tamper", ("namespace changed (process-wide change to the harness or torch): "
                               + ", ".join(sorted(changed)[:6]))
+        if not self.check_numerics:
+            threads = None
         if threads is not None and torch.get_num_threads() != threads:
             return "threads", (f"thread count changed: {torch.get_num_threads()} intra-op threads, "
                                f"the config grants {threads}")
-        if torch.get_num_interop_threads() != self.interop:
+        if self.check_numerics and torch.get_num_interop_threads() != self.interop:
             return "threads", "thread count changed: inter-op threads"
         num = numerics()
-        if num != self.numerics:
+        if self.check_numerics and num != self.numerics:
             diff = {k: (self.numerics[k], num[k]) for k in num if num[k] != self.numerics[k]}
             return "numerics", f"numerics changed: {diff}"
         if dict(os.environ) != self.environ:
@@ -249,19 +253,20 @@ class Integrity:
 
 class NumericsGuard(TorchFunctionMode):
     """Re-reads the numerics flags and thread counts at every matmul-like torch call (inside the
-    patched forward); the first difference is kept in ``seen`` (the code may swallow errors)."""
+    patched forward); the first difference is kept in ``seen`` (the code may swallow errors).
+    ``active=False`` checks nothing (only to show, in tests, that this guard is what rejects)."""
 
     _NAMES = {"matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "einsum",
               "scaled_dot_product_attention", "__matmul__", "conv1d", "conv2d"}
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, active: bool = True) -> None:
         super().__init__()
-        self.threads = threads
+        self.threads, self.active = threads, active
         self.numerics = numerics()
         self.seen: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in self._NAMES and not self.seen:
+        if self.active and getattr(func, "__name__", "") in self._NAMES and not self.seen:
             now = {k: v for k, v in numerics().items() if k != "grad mode"}
             want = {k: v for k, v in self.numerics.items() if k != "grad mode"}
             if now != want:

@@ -103,7 +103,8 @@ def verify_patch(patch: Patch, *, workspace: str | Path, spec: TaskSpec | None =
                  contract: Any = None, scope: Scope | None = None,
                  config: dict[str, Any] | None = None, probe_calls: int | None = None,
                  training: bool = True, keep: Path | None = None, isolated: bool = True,
-                 timeout_s: float = 600.0, static: bool = True) -> PatchVerdict:
+                 timeout_s: float = 600.0, static: bool = True,
+                 guards: bool = True) -> PatchVerdict:
     """Apply ``patch`` to an isolated copy of ``workspace`` and judge it (see module doc).
 
     Give ``contract`` (preferred: its scope, frozen hashes and loss tolerance) or ``spec``.
@@ -113,7 +114,9 @@ def verify_patch(patch: Patch, *, workspace: str | Path, spec: TaskSpec | None =
     group (default, as ``infrarsi run`` does). False runs it in this process without the
     sandbox or the process group (debugging only: a tampering patch reaches this process until
     detected and undone). The baseline always runs in its own clean process. ``static=False``
-    skips the static scan (only to test that the dynamic checks catch what it would).
+    skips the static scan (only to test that the dynamic checks catch what it would);
+    ``guards=False`` skips the candidate's thread-count and numerics checks (the guard inside
+    forward and the comparison at every step boundary: only to test that they are what rejects).
     """
     if spec is None:
         if contract is None:
@@ -152,8 +155,9 @@ def verify_patch(patch: Patch, *, workspace: str | Path, spec: TaskSpec | None =
         digest = tree_digest(root)
         try:
             ev.update(_dynamic(str(workspace), str(root), spec, config, probe_calls,
-                               training, rtol_loss, isolated, timeout_s))
+                               training, rtol_loss, isolated, timeout_s, guards))
         except D.CheckFailed as e:
+            ev.update(e.evidence)  # what passed before it (e.g. the loss trace's agreement)
             return verdict(e.rule, str(e))
         if tree_digest(root) != digest:
             return verdict("tamper", "the patched code wrote into its own workspace")
@@ -164,7 +168,7 @@ def verify_patch(patch: Patch, *, workspace: str | Path, spec: TaskSpec | None =
 
 def _dynamic(base_ws: str, patched_ws: str, spec: TaskSpec, config: dict[str, Any] | None,
              probe_calls: int | None, training: bool, rtol_loss: float,
-             isolated: bool, timeout_s: float) -> dict[str, Any]:
+             isolated: bool, timeout_s: float, guards: bool = True) -> dict[str, Any]:
     vspec = D.verification_spec(spec)
     cfg = dict(config or _default_config(vspec))
     key = (tree_digest(Path(base_ws)), repr((vspec.to_dict(), sorted(cfg.items()), probe_calls)))
@@ -184,7 +188,7 @@ def _dynamic(base_ws: str, patched_ws: str, spec: TaskSpec, config: dict[str, An
     with tempfile.TemporaryDirectory(prefix="infrarsi-cand-") as scratch:
         req = {"patched_ws": patched_ws, "task": spec.to_dict(), "config": cfg,
                "training": training, "grad_rtol": GRAD_RTOL, "ref_path": base["ref_path"],
-               "scratch": scratch}
+               "scratch": scratch, "guards": guards}
         out = run_isolated("candidate", req, timeout_s) if isolated else candidate_checks(
             {**req, "sandbox": False})
     ev = dict(out.get("evidence") or {})
@@ -196,11 +200,11 @@ def _dynamic(base_ws: str, patched_ws: str, spec: TaskSpec, config: dict[str, An
                   loss_rtol=rtol_loss, baseline_trace=base["loss_trace"],
                   patched_trace=out["loss_trace"])
         if problem:
-            raise D.CheckFailed(problem + _GROUP_NOTE, "loss")
+            raise D.CheckFailed(problem + _GROUP_NOTE, "loss", ev)
         problem, worst = D.compare_checksums(base["state_checksum"], out["state_checksum"])
         ev["checksum_max_rel"] = worst
         if problem:
-            raise D.CheckFailed(problem, "checksum")
+            raise D.CheckFailed(problem, "checksum", ev)
     return ev
 
 

@@ -7,6 +7,9 @@ from infrarsi.trial import ErrorKind, TrialStatus
 # Substrings of exception types/messages, checked in order; the first match wins. Ordered so
 # the most specific cause is found first (an OOM inside a compiled graph is still an OOM).
 _PATTERNS: tuple[tuple[tuple[str, ...], TrialStatus, ErrorKind | None], ...] = (
+    # The harness's clock disagreed with the outside timer: the trial ran, but its timing was
+    # tampered with (an invariant broken, not a failure of the code), so it is rejected.
+    (("ClockTamperError",), TrialStatus.REJECTED, None),
     (("OutOfMemoryError", "CUDA out of memory", "out of memory"), TrialStatus.OOM, None),
     (("CompileFailure", "BackendCompilerFailed", "InductorError", "torch._dynamo.exc"),
      TrialStatus.ERROR, ErrorKind.COMPILE),

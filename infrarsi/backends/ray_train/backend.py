@@ -30,6 +30,7 @@ from infrarsi.backends.ray_train._runner import (
 )
 from infrarsi.contract import Contract, TaskSpec
 from infrarsi.errors import ConfigError
+from infrarsi.harness.clock import true_step_times
 from infrarsi.space import SearchSpace
 from infrarsi.trial import (
     ErrorKind,
@@ -200,6 +201,8 @@ class RayTrainBackend(Backend):
                 error_kind=outcome.error_kind,
                 error_message=outcome.message,
                 memory_censor_bytes=self._hardware.memory_bytes if status is TrialStatus.OOM else None,
+                # a tampered clock: the outside timer's true step times (never the fake ones)
+                step_times_s=true_step_times(outcome.message) if status is TrialStatus.REJECTED else (),
                 **common,
             )
         return self._ok_record(outcome, config, common)
