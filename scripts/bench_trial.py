@@ -28,6 +28,7 @@ Peak memory against micro-batch size: ``scripts/bench_memory.py``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -153,9 +154,11 @@ def compare_pool(args) -> int:
                     rec = kinds[kind].execute(config)
                     cpu = _last_cpu(cpu_log)
                     if cpu is not None:
-                        rec.extra["cpu_per_step_s"] = cpu
+                        rec.extra["cpu_per_step_s"] = cpu[0]
                     print(f"  {name} pair {i} {kind:5}: {rec.summary()}"
-                          + (f" cpu/step {cpu * 1e3:.0f} ms" if cpu is not None else ""), flush=True)
+                          + (f" | rank 0 over the measured steps: cpu/step {cpu[0] * 1e3:.0f} ms, "
+                             f"gc {cpu[1] * 1e3:.0f} ms ({cpu[2]} full), {cpu[3]} objects"
+                             if cpu is not None else ""), flush=True)
                     rows[kind].append(rec)
             shutdown_process_pool()
     finally:
@@ -205,6 +208,7 @@ def _cpu_time_hook(path: str):
     appended to ``path`` (diagnosis: a slower step that costs no more CPU was waiting)."""
 
     def hook() -> None:
+        import gc
         import json
         import time
 
@@ -213,6 +217,9 @@ def _cpu_time_hook(path: str):
         from infrarsi.harness import clock
 
         mark, close = clock.StepClock.mark, clock.StepClock.close
+        gc_log: list[tuple[float, int, str]] = []  # (perf_counter, generation, start|stop)
+        gc.callbacks.append(lambda phase, info: gc_log.append(
+            (time.perf_counter(), info["generation"], phase)))
 
         def timed_mark(self):
             out = mark(self)
@@ -223,8 +230,14 @@ def _cpu_time_hook(path: str):
             cpus = self.__dict__.get("_cpu", [])
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
             if len(cpus) > 1 and rank == 0:
+                lo, hi = self.marks[0], self.marks[-1]
+                spans = [(t, g) for t, g, p in gc_log if lo <= t <= hi]
+                gen2 = sum(1 for _, g in spans if g == 2) // 2
+                gc_s = sum(b[0] - a[0] for a, b in zip(spans[::2], spans[1::2], strict=False))
                 with open(path, "a") as f:
-                    f.write(json.dumps((cpus[-1] - cpus[0]) / (len(cpus) - 1)) + "\n")
+                    f.write(json.dumps([(cpus[-1] - cpus[0]) / (len(cpus) - 1), gc_s, gen2,
+                                        len(gc.get_objects())]) + "\n")
+            gc_log.clear()
             return close(self)
 
         clock.StepClock.mark, clock.StepClock.close = timed_mark, timed_close
@@ -232,11 +245,11 @@ def _cpu_time_hook(path: str):
     return hook
 
 
-def _last_cpu(path: Path | None) -> float | None:
+def _last_cpu(path: Path | None) -> list | None:
     if path is None or not path.exists():
         return None
-    lines = path.read_text().split()
-    return float(lines[-1]) if lines else None
+    lines = path.read_text().splitlines()
+    return json.loads(lines[-1]) if lines else None
 
 
 if __name__ == "__main__":
