@@ -28,6 +28,7 @@ Peak memory against micro-batch size: ``scripts/bench_memory.py``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run each trial with a stop hint it cannot meet; compare walls")
     ap.add_argument("--pool", action="store_true",
                     help="fresh vs warm (pooled) trials, interleaved pairs; overhead and A/A")
+    ap.add_argument("--cpu-times", action="store_true",
+                    help="with --pool: also each trial's CPU seconds per measured step on rank 0 "
+                         "(more work, or more waiting for a CPU?); a setup hook in every worker")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if args.pool:
@@ -124,8 +128,16 @@ def compare_pool(args) -> int:
     from infrarsi.backends.ray_train._pool import shutdown_process_pool
     from infrarsi.contract import load_task
 
+    cpu_log = None
+    runtime_env = {}
+    if args.cpu_times:
+        import tempfile
+
+        cpu_log = Path(tempfile.mkdtemp(prefix="infrarsi-cpu-")) / "steps.jsonl"
+        runtime_env = {"worker_process_setup_hook": _cpu_time_hook(str(cpu_log)),
+                       "env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}
     ray.init(num_cpus=2 * (os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+             logging_level="ERROR", runtime_env=runtime_env or None)
     out: dict[str, dict[str, list]] = {}
     try:
         for name in args.tasks.split(","):
@@ -140,7 +152,13 @@ def compare_pool(args) -> int:
                 order = ("fresh", "warm") if i % 2 == 0 else ("warm", "fresh")
                 for kind in order:
                     rec = kinds[kind].execute(config)
-                    print(f"  {name} pair {i} {kind:5}: {rec.summary()}", flush=True)
+                    cpu = _last_cpu(cpu_log)
+                    if cpu is not None:
+                        rec.extra["cpu_per_step_s"] = cpu[0]
+                    print(f"  {name} pair {i} {kind:5}: {rec.summary()}"
+                          + (f" | rank 0 over the measured steps: cpu/step {cpu[0] * 1e3:.0f} ms, "
+                             f"gc {cpu[1] * 1e3:.0f} ms ({cpu[2]} full), {cpu[3]} objects"
+                             if cpu is not None else ""), flush=True)
                     rows[kind].append(rec)
             shutdown_process_pool()
     finally:
@@ -175,7 +193,63 @@ def compare_pool(args) -> int:
             print(f"  {name}: A/A warm/fresh step time {math.exp(mean):.3f} "
                   f"(95% CI {lo:.3f}-{hi:.3f}, {len(logs)} pairs): "
                   f"{'includes 1 (no bias seen)' if lo <= 1 <= hi else 'EXCLUDES 1'}")
+        cpu = [w.extra["cpu_per_step_s"] / f.extra["cpu_per_step_s"]
+               for f, w in zip(rows["fresh"], rows["warm"], strict=True)
+               if "cpu_per_step_s" in f.extra and "cpu_per_step_s" in w.extra]
+        if cpu:
+            print(f"  {name}: warm/fresh CPU seconds per measured step (rank 0): geometric mean "
+                  f"{math.exp(statistics.fmean(math.log(x) for x in cpu)):.3f}, pairs "
+                  f"{[round(x, 2) for x in cpu]}")
     return 0
+
+
+def _cpu_time_hook(path: str):
+    """A worker setup hook: rank 0's process CPU seconds per measured step, one line per trial
+    appended to ``path`` (diagnosis: a slower step that costs no more CPU was waiting)."""
+
+    def hook() -> None:
+        import gc
+        import json
+        import time
+
+        import torch.distributed as dist
+
+        from infrarsi.harness import clock
+
+        mark, close = clock.StepClock.mark, clock.StepClock.close
+        gc_log: list[tuple[float, int, str]] = []  # (perf_counter, generation, start|stop)
+        gc.callbacks.append(lambda phase, info: gc_log.append(
+            (time.perf_counter(), info["generation"], phase)))
+
+        def timed_mark(self):
+            out = mark(self)
+            self.__dict__.setdefault("_cpu", []).append(time.process_time())
+            return out
+
+        def timed_close(self):
+            cpus = self.__dict__.get("_cpu", [])
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            if len(cpus) > 1 and rank == 0:
+                lo, hi = self.marks[0], self.marks[-1]
+                spans = [(t, g) for t, g, p in gc_log if lo <= t <= hi]
+                gen2 = sum(1 for _, g in spans if g == 2) // 2
+                gc_s = sum(b[0] - a[0] for a, b in zip(spans[::2], spans[1::2], strict=False))
+                with open(path, "a") as f:
+                    f.write(json.dumps([(cpus[-1] - cpus[0]) / (len(cpus) - 1), gc_s, gen2,
+                                        len(gc.get_objects())]) + "\n")
+            gc_log.clear()
+            return close(self)
+
+        clock.StepClock.mark, clock.StepClock.close = timed_mark, timed_close
+
+    return hook
+
+
+def _last_cpu(path: Path | None) -> list | None:
+    if path is None or not path.exists():
+        return None
+    lines = path.read_text().splitlines()
+    return json.loads(lines[-1]) if lines else None
 
 
 if __name__ == "__main__":

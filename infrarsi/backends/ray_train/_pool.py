@@ -164,11 +164,12 @@ def _purge_workspace(workspace: str, path_before: list[str]) -> list[str]:
 class PoolWorker:
     """One rank of a warm group: holds its process and its torch process group across trials.
 
-    Per trial (:meth:`run`): torch's compile caches and global settings reset, memory statistics
-    reset, RNGs seeded from the task's loss-reference seed, the workspace materialized in a new
-    folder and imported under a fresh package name (``load_entry``), and afterwards every module
-    loaded from that folder dropped from ``sys.modules`` (whatever name it was imported under)
-    and ``sys.path`` restored: nothing of a trial's code is reachable from the next one.
+    Per trial (:meth:`run`): RNGs seeded from the task's loss-reference seed, the workspace
+    materialized in a new folder and imported under a fresh package name (``load_entry``), and
+    afterwards every module loaded from that folder dropped from ``sys.modules`` (whatever name
+    it was imported under) and ``sys.path`` restored: nothing of a trial's code is reachable from
+    the next one. Between trials (:meth:`tidy`, before the next :meth:`run` in any case): torch's
+    compile caches and global settings reset, memory statistics reset, garbage collected.
     """
 
     def __init__(self) -> None:
@@ -176,6 +177,7 @@ class PoolWorker:
 
         self._sources = _loaded_sources()
         self._flags = _torch_globals()
+        self._untidy = False
         self.trials = 0
         self.purged: list[str] = []
 
@@ -217,7 +219,9 @@ class PoolWorker:
     def run(self, payload: dict[str, Any]) -> dict[str, Any] | None:
         from infrarsi.backends.ray_train._runner import run_rank
 
-        _reset_between_trials(self._flags)
+        if self._untidy:  # the pool's tidy() call after the last trial did not arrive
+            self.tidy()
+        self._untidy = True
         _seed(int(payload["task"].get("loss_reference", {}).get("seed", 0)))
         path_before = list(sys.path)
         holder: dict[str, str] = {}
@@ -227,9 +231,15 @@ class PoolWorker:
             self.trials += 1
             if "ws" in holder:
                 self.purged = _purge_workspace(holder["ws"], path_before)
-            # modules first imported by this trial: their source as loaded now
-            self._sources = {**_loaded_sources(), **self._sources}
-            _reset_between_trials(self._flags)
+
+    def tidy(self) -> None:
+        """After a trial, off its clock (the pool calls it once the trial's reply is in; an
+        actor runs its calls in order, so it is done before the next trial starts): compile
+        caches, memory statistics and torch's global settings reset, the old model's reference
+        cycles collected, and the sources of modules the trial imported first recorded."""
+        _reset_between_trials(self._flags)
+        self._sources = {**_loaded_sources(), **self._sources}
+        self._untidy = False
 
     def leaked_workspace_modules(self) -> list[str]:
         """Modules of any trial's workspace still loaded (tests: must be empty between trials)."""
@@ -305,6 +315,8 @@ class TrialPool:
                 return {**self._failed(status.value, kind.value if kind else None, message), **info}
         value = ray.get(refs[0])
         group.trials += 1
+        for w in group.workers:  # after the reply, not on the trial's clock
+            w.tidy.remote()
         self._release(group)
         return {"ok": True, "value": value, "t_end": time.time(), **info}
 
