@@ -422,6 +422,45 @@ class PeakMemoryModel(BaseEstimator):
             raise ValueError("p_oom needs a capacity: pass capacity= here or to the constructor")
         return self.survival(X, cap)
 
+    def p_oom_near(self, X, X_seen, bounds, capacity: float, noise: float = 0.05,
+                   p=None) -> np.ndarray:
+        """P(OOM) of ``X`` bounded by the outcomes of trials of the same workload and device.
+
+        The fitted spread treats every trial's misfit as independent, but memory is nearly
+        deterministic: a config that differs from one that ran out of memory only by knobs
+        the model believes add memory (or are memory-neutral) will run out too, whatever the
+        spread says. So, per seen trial ``j`` with log peak bounds and the model's difference
+        ``delta = mu(x) - mu(x_j)`` (its variance from the coefficient covariance, plus
+        ``noise**2`` for run-to-run variation):
+
+        * an OOM (peak_j > capacity) bounds P(OOM | x) from below by P(delta >= 0);
+        * an ok trial (peak_j <= its upper bound) bounds it from above by
+          P(delta > log(capacity / upper_j)).
+
+        ``p``: the model's own P(OOM) of ``X`` (computed if None), clipped into the tightest
+        bounds; where the bounds cross (the seen outcomes disagree), the model's value stays.
+        """
+        X = clean_X(as_2d(X))
+        p = self.p_oom(X, capacity) if p is None else np.asarray(p, float)
+        Xs = clean_X(as_2d(X_seen))
+        b = np.asarray(bounds, float).reshape(-1, 2)
+        if not len(Xs):
+            return p
+        oom = np.isinf(b[:, 1]) & (b[:, 0] >= capacity)
+        ok = np.isfinite(b[:, 1]) & (b[:, 1] <= capacity)
+        cov = self.loc_cov_[1:, 1:] if self.param_uncertainty else np.zeros((X.shape[1],) * 2)
+        lower, upper = np.zeros(len(X)), np.ones(len(X))
+        for j in np.flatnonzero(oom | ok):
+            d = X - Xs[j]
+            delta = d @ self.coef_
+            sd = np.sqrt(np.einsum("ij,jk,ik->i", d, cov, d) + noise**2)
+            if oom[j]:
+                lower = np.maximum(lower, ndtr(delta / sd))
+            else:
+                upper = np.minimum(upper, ndtr((delta - np.log(capacity / b[j, 1])) / sd))
+        agree = lower <= upper
+        return np.where(agree, np.clip(p, lower, upper), p)
+
     # ---- prices and prior revision ------------------------------------------------------------
     def coef_posterior(self) -> tuple[np.ndarray, np.ndarray]:
         check_is_fitted(self, "coef_")

@@ -24,6 +24,7 @@ from infrarsi.models.priors import monotone_signs
 from infrarsi.search._policy import (
     EXPERIENCE_CACHE_SIZE,
     OWN_CRASH_WEIGHT,
+    OWN_MEMORY_NOISE,
     TRANSFER_MEMORY_STD_FLOOR,
     TRANSFER_MEMORY_STD_SCALE,
     TRANSFER_TIME_SCALES,
@@ -259,7 +260,7 @@ class Fitter:
             if not getattr(mm, "fallen_back_", False):
                 self._memory_family = mm.dist_
                 self._memory_prev = mm
-            p_oom = mm.p_oom(X_pool, capacity)
+            p_oom = mm.p_oom_near(X_pool, X_mem, bounds, capacity, noise=OWN_MEMORY_NOISE)
             med = mm.predict_quantiles(X_pool, (0.5,))[:, 0]
         elif capacity and exp is not None and exp.memory_model is not None:
             p_oom, med = exp.p_oom, exp.mem_median
