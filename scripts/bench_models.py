@@ -230,6 +230,35 @@ def run_joint(df, enc, seeds, frac) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def run_loo(df, enc) -> pd.DataFrame:
+    """P(OOM) of each workload from a model fitted on every *other* workload (how a search's
+    experience sees a new one): AUC and Brier of the censored AFT with peaks (a), of the same
+    model from ok/OOM labels alone (l: ok rows left-censored at the capacity, the interval
+    fit), and of the classifier (d); plus the labels-only fit's time."""
+    rows = []
+    for (model, nodes), te in df.groupby(["model", "nodes"], sort=False):
+        tr = df[~((df.model == model) & (df.nodes == nodes))]
+        Xtr, Xte = encode(enc, tr), encode(enc, te)
+        ok = (tr.status == "ok").to_numpy()
+        y = (te.status != "ok").to_numpy().astype(float)
+        row = {"workload": f"{model}/{nodes}n", "oom": float(y.mean()), "n": len(te)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a = PeakMemoryModel.from_priors(enc, capacity=CAP_GB).fit(
+                Xtr, np.where(ok, tr.gpu_mem_gb.to_numpy(), CAP_GB), ok)
+            bounds = np.column_stack([np.where(ok, 0.0, CAP_GB), np.where(ok, CAP_GB, np.inf)])
+            t0 = time.perf_counter()
+            lab = PeakMemoryModel.from_priors(enc, capacity=CAP_GB).fit(Xtr, bounds)
+            row["labels_fit_s"] = time.perf_counter() - t0
+        probs = {"a": a.p_oom(Xte), "l": lab.p_oom(Xte),
+                 "d": classifier_p(Xtr, (~ok).astype(int), Xte)}
+        for k, p in probs.items():
+            row[f"auc_{k}"] = roc_auc_score(y, p) if 0 < y.mean() < 1 else float("nan")
+            row[f"brier_{k}"] = float(np.mean((p - y) ** 2))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def cost(df, enc) -> list[dict]:
     """Fit at 200 / 2,000 / 10,000 trials (rows resampled from the whole table, jittered)."""
     rng = np.random.default_rng(0)
@@ -313,6 +342,8 @@ def main() -> None:
     ap.add_argument("--frac", type=float, default=0.2)
     ap.add_argument("--joint", action="store_true", help="also fit one global model on all workloads")
     ap.add_argument("--no-cost", action="store_true")
+    ap.add_argument("--loo", action="store_true",
+                    help="only the leave-one-workload-out P(OOM) table (peaks vs labels alone)")
     ap.add_argument("--out", type=Path, help="write every figure as JSON here")
     a = ap.parse_args()
     threadpool_limits(1)  # small matrices: threads only contend on a shared 2-core box
@@ -322,6 +353,20 @@ def main() -> None:
         raise SystemExit(str(e)) from None
     enc = FeatureEncoder(build_space(df)).fit()
     report = {"command": "scripts/bench_models.py", "seeds": a.seeds, "frac": a.frac}
+    if a.loo:
+        loo = run_loo(df, enc)
+        print("\n== leave one workload out: P(OOM) of the held-out workload ==")
+        print(loo.to_string(float_format=lambda v: f"{v:.3f}"))
+        both = loo["auc_a"].notna()
+        for k in ("a", "l", "d"):
+            print(f"{k}: AUC >= 0.9 in {int((loo.loc[both, f'auc_{k}'] >= 0.9).sum())}/"
+                  f"{int(both.sum())} workloads with both outcomes, median "
+                  f"{loo.loc[both, f'auc_{k}'].median():.3f}, Brier {loo[f'brier_{k}'].mean():.3f}")
+        print(f"labels-only fit: median {loo.labels_fit_s.median():.2f} s "
+              f"on ~{len(df) - len(df) // len(loo)} rows")
+        if a.out:
+            a.out.write_text(json.dumps(loo.to_dict("records"), indent=1, default=float))
+        return
     per = run_per_workload(df, enc, a.seeds, a.frac)
     print_tables(per, "per-workload fits")
     report["per_workload"] = summarize(per, "per-workload")

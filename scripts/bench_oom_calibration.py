@@ -86,16 +86,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=15)
     ap.add_argument("--min-rows", type=int, default=1,
                     help="only workloads with at least this many measured configs")
+    ap.add_argument("--modes", default="cold,exp", help="cold, exp (with experience) or both")
+    ap.add_argument("--workloads", type=int, default=0, help="only the first N workloads (smoke)")
     ap.add_argument("--out", help="write every trial's prediction and outcome as JSON here")
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     backends = table_workloads({"spec": a.spec, "hide": [h for h in a.hide.split(",") if h]})
     backends = [b for b in backends if b.best_objective() is not None
                 and len(b.space.allowed) >= a.min_rows]
+    if a.workloads:
+        backends = backends[:a.workloads]
     own = [b.records() for b in backends]
     result = {}
     t_all = time.perf_counter()
-    for with_exp in (False, True):
+    modes = [m.strip() for m in a.modes.split(",")]
+    for with_exp in [m == "exp" for m in ("cold", "exp") if m in modes]:
         rows, fracs, fails, times = [], [], [], []
         for i, b in enumerate(backends):
             exp = [r for j, recs in enumerate(own) if j != i for r in recs] if with_exp else None

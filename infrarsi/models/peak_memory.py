@@ -43,7 +43,13 @@ from infrarsi.models._common import (
     prior_arrays,
     setting_count,
 )
-from infrarsi.models._lifelines import fit_aft, fit_numpy, select_family
+from infrarsi.models._lifelines import (
+    SHAPE_PRIOR,
+    fit_aft,
+    fit_numpy,
+    select_family,
+    shape_identified,
+)
 from infrarsi.models.encoding import FeatureEncoder
 from infrarsi.models.priors import KnobPrior, coef_prior, monotone_signs
 
@@ -99,6 +105,8 @@ class PeakMemoryModel(BaseEstimator):
         the fits that cannot place it themselves: with no observed peak, only OOMs, it is
         raised as far as those OOMs demand, never lowered.
     encoder: the :class:`FeatureEncoder` behind X, so :meth:`memory_prices` can name knobs.
+    warm_start: a fitted PeakMemoryModel of (a subset of) the same rows, e.g. the previous fit
+        of a search that since ran one more trial: an interval fit starts at its optimum.
     """
 
     def __init__(
@@ -116,6 +124,7 @@ class PeakMemoryModel(BaseEstimator):
         min_spread: float = MIN_SPREAD,
         encoder: FeatureEncoder | None = None,
         random_state: int = 0,
+        warm_start: PeakMemoryModel | None = None,
     ):
         self.distribution = distribution
         self.prior_mean = prior_mean
@@ -130,6 +139,7 @@ class PeakMemoryModel(BaseEstimator):
         self.min_spread = min_spread
         self.encoder = encoder
         self.random_state = random_state
+        self.warm_start = warm_start
 
     @classmethod
     def from_priors(
@@ -171,6 +181,7 @@ class PeakMemoryModel(BaseEstimator):
             float(np.max(logm)) if len(logm) else 0.0)
         self.fallen_back_ = False
         self.n_left_censored_ = 0
+        self.log_shape_ = self.shape_held_ = None
         if not observed.any():
             self._fallback(X, logm, observed, m, s, "no trial with an observed peak (all OOM or none)")
             return self
@@ -225,6 +236,7 @@ class PeakMemoryModel(BaseEstimator):
         exact = log_lo == log_hi
         self.X_fit_ = X
         self.fallen_back_ = False
+        self.log_shape_ = self.shape_held_ = None
         self.n_left_censored_ = int(np.sum(np.isinf(log_lo)))
         self.log_scale_ = float(np.median(log_lo[exact])) if exact.any() else float(
             np.median(np.where(np.isfinite(log_hi), log_hi, log_lo)))
@@ -252,14 +264,23 @@ class PeakMemoryModel(BaseEstimator):
         cols = np.flatnonzero(~const)
         args = (m[cols], s[cols], sign[cols], self.monotone_strength, self.min_spread)
         dists = ["lognormal", "weibull"] if self.distribution == "auto" else [self.distribution]
+        # labels alone at one capacity cannot place the spread (a flat direction, see
+        # shape_identified): hold it at the shape prior's centre, the slopes are then in its units
+        held = not shape_identified(t_lo, t_hi)
+        self.shape_held_ = held
         fits = {}
         for d in dists:
-            x0 = None
-            warm = getattr(self, "_warm_", None)
-            if warm is not None and warm[0] == d and len(warm[1]) == len(cols) + 2:
-                x0 = warm[1]
+            x0 = self._start(d, X, cols, const)
+            if x0 is None and d == "weibull" and "lognormal" in fits:
+                # from the log-normal optimum, with the same mean: a Weibull start far from
+                # the data overflows its likelihood (exp(rho * distance))
+                th = fits["lognormal"][1]
+                x0 = np.concatenate([th[:-1], [SHAPE_PRIOR[d] if held else
+                                               np.log(np.pi / np.sqrt(6) / np.exp(th[-1]))]])
+                x0[-2] += 0.5772 / np.exp(x0[-1])
             try:
-                fits[d] = fit_numpy(d, X[:, cols], t_lo, t_hi, *args, b0_prior=b0_prior, x0=x0)
+                fits[d] = fit_numpy(d, X[:, cols], t_lo, t_hi, *args, b0_prior=b0_prior,
+                                    x0=x0, fixed_la=SHAPE_PRIOR[d] if held else None)
             except Exception as exc:  # noqa: BLE001 - a failed family leaves the other
                 last = exc
         if not fits:
@@ -269,9 +290,22 @@ class PeakMemoryModel(BaseEstimator):
         self.aic_ = {d: f.aic for d, (f, _) in fits.items()}
         dist = min(self.aic_, key=self.aic_.get)
         fit, th = fits[dist]
-        self._warm_ = (dist, th)
+        self.log_shape_ = float(th[-1])  # unfloored, for a warm start
         self._store_fit(fit, X, m, s, const, cols)
         return self
+
+    def _start(self, dist: str, X, cols, const) -> np.ndarray | None:
+        """``warm_start``'s optimum as a start of this fit: ``[slopes of cols, intercept at
+        this log_scale_ with constant columns absorbed, log shape]``, or None."""
+        prev = self.warm_start
+        if (prev is None or getattr(prev, "dist_", None) != dist or getattr(prev, "fallen_back_", True)
+                or getattr(prev, "log_shape_", None) is None
+                or len(prev.coef_) != X.shape[1]):
+            return None
+        b0 = prev.log_scale_ + prev.intercept_ - self.log_scale_
+        if const.any():
+            b0 += float(X[0, const] @ prev.coef_[const])
+        return np.concatenate([prev.coef_[cols], [b0, prev.log_shape_]])
     def _fit_lifelines(self, X, t, observed, m, s, sign, rng) -> None:
         const = X.std(axis=0) < 1e-9
         cols = np.flatnonzero(~const)
@@ -387,6 +421,45 @@ class PeakMemoryModel(BaseEstimator):
         if cap is None:
             raise ValueError("p_oom needs a capacity: pass capacity= here or to the constructor")
         return self.survival(X, cap)
+
+    def p_oom_near(self, X, X_seen, bounds, capacity: float, noise: float = 0.05,
+                   p=None) -> np.ndarray:
+        """P(OOM) of ``X`` bounded by the outcomes of trials of the same workload and device.
+
+        The fitted spread treats every trial's misfit as independent, but memory is nearly
+        deterministic: a config that differs from one that ran out of memory only by knobs
+        the model believes add memory (or are memory-neutral) will run out too, whatever the
+        spread says. So, per seen trial ``j`` with log peak bounds and the model's difference
+        ``delta = mu(x) - mu(x_j)`` (its variance from the coefficient covariance, plus
+        ``noise**2`` for run-to-run variation):
+
+        * an OOM (peak_j > capacity) bounds P(OOM | x) from below by P(delta >= 0);
+        * an ok trial (peak_j <= its upper bound) bounds it from above by
+          P(delta > log(capacity / upper_j)).
+
+        ``p``: the model's own P(OOM) of ``X`` (computed if None), clipped into the tightest
+        bounds; where the bounds cross (the seen outcomes disagree), the model's value stays.
+        """
+        X = clean_X(as_2d(X))
+        p = self.p_oom(X, capacity) if p is None else np.asarray(p, float)
+        Xs = clean_X(as_2d(X_seen))
+        b = np.asarray(bounds, float).reshape(-1, 2)
+        if not len(Xs):
+            return p
+        oom = np.isinf(b[:, 1]) & (b[:, 0] >= capacity)
+        ok = np.isfinite(b[:, 1]) & (b[:, 1] <= capacity)
+        cov = self.loc_cov_[1:, 1:] if self.param_uncertainty else np.zeros((X.shape[1],) * 2)
+        lower, upper = np.zeros(len(X)), np.ones(len(X))
+        for j in np.flatnonzero(oom | ok):
+            d = X - Xs[j]
+            delta = d @ self.coef_
+            sd = np.sqrt(np.einsum("ij,jk,ik->i", d, cov, d) + noise**2)
+            if oom[j]:
+                lower = np.maximum(lower, ndtr(delta / sd))
+            else:
+                upper = np.minimum(upper, ndtr((delta - np.log(capacity / b[j, 1])) / sd))
+        agree = lower <= upper
+        return np.where(agree, np.clip(p, lower, upper), p)
 
     # ---- prices and prior revision ------------------------------------------------------------
     def coef_posterior(self) -> tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ from infrarsi.models.priors import monotone_signs
 from infrarsi.search._policy import (
     EXPERIENCE_CACHE_SIZE,
     OWN_CRASH_WEIGHT,
+    OWN_MEMORY_NOISE,
     TRANSFER_MEMORY_STD_FLOOR,
     TRANSFER_MEMORY_STD_SCALE,
     TRANSFER_TIME_SCALES,
@@ -193,6 +194,8 @@ class Fitter:
         self.seed = seed
         self.cache = cache
         self._memory_family: str | None = None
+        # the last own-trial memory fit: the next fit (one more trial) starts at its optimum
+        self._memory_prev: PeakMemoryModel | None = None
         self._exp_fit: ExperienceFit | None = None
         self._exp_crash: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -256,7 +259,8 @@ class Fitter:
             mm.fit(X_mem, bounds)
             if not getattr(mm, "fallen_back_", False):
                 self._memory_family = mm.dist_
-            p_oom = mm.p_oom(X_pool, capacity)
+                self._memory_prev = mm
+            p_oom = mm.p_oom_near(X_pool, X_mem, bounds, capacity, noise=OWN_MEMORY_NOISE)
             med = mm.predict_quantiles(X_pool, (0.5,))[:, 0]
         elif capacity and exp is not None and exp.memory_model is not None:
             p_oom, med = exp.p_oom, exp.mem_median
@@ -289,8 +293,9 @@ class Fitter:
                                    prior_intercept=exp_mm.log_scale_ + exp_mm.intercept_,
                                    monotone=monotone_signs(self.encoder),
                                    distribution=exp.memory_model.dist_, encoder=self.encoder,
-                                   random_state=self.seed)
+                                   random_state=self.seed, warm_start=self._memory_prev)
         # The family (log-normal or Weibull) is chosen by AIC once; refits reuse it, which
         # keeps a suggestion fast as trials accumulate.
         return PeakMemoryModel.from_priors(self.encoder, self.priors, random_state=self.seed,
-                                           distribution=self._memory_family or "auto")
+                                           distribution=self._memory_family or "auto",
+                                           warm_start=self._memory_prev)

@@ -41,6 +41,11 @@ TRANSFER_TIME_SCALES = (0.5, 1.0, 2.0)
 # experience pinned too tightly.
 TRANSFER_MEMORY_STD_SCALE = 2.0
 TRANSFER_MEMORY_STD_FLOOR = 0.1
+# Own trials bound the P(OOM) of configs the model places above an own OOM (from below) or
+# below an own ok trial (from above), see PeakMemoryModel.p_oom_near: memory is nearly
+# deterministic, so the fitted spread's independent misfits overstate how two neighbours can
+# differ. This is the run-to-run variation (log units, ~5%) the bounds still allow.
+OWN_MEMORY_NOISE = 0.05
 # A crash of this search's own workload says more about its configs than one of another
 # workload from the bank: it weighs this many experience rows in the crash model.
 OWN_CRASH_WEIGHT = 3.0
