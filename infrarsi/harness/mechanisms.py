@@ -118,6 +118,16 @@ def wrap_data_parallel(model: nn.Module, config: Mapping[str, Any], device: torc
     )
 
 
+def fully_shard_on(model: nn.Module, mesh, reshard_after_forward: bool) -> None:
+    """FSDP2 ``fully_shard`` per block and at the root over ``mesh`` (the data-parallel
+    dimension of a tensor/pipeline layout: FSDP2 composes with the DTensor parameters TP made)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+
+
 def no_sync_context(model: nn.Module, last_micro_batch: bool):
     """Skip DDP's all-reduce on all but the last micro-batch of an accumulation."""
     if last_micro_batch or not hasattr(model, "no_sync"):
