@@ -320,6 +320,8 @@ SKETCH_DIM = 8
 def _sketch(t: torch.Tensor, seed: int) -> list[float]:
     """[norm, k random projections] of ``t`` in float64: two tensors a and b with the same
     seed give ``|sketch(a) - sketch(b)| / |sketch(b)| ~ |a - b| / |b|`` (Johnson-Lindenstrauss)."""
+    if hasattr(t, "full_tensor"):  # a tensor-parallel DTensor: its whole value (a collective)
+        t = t.full_tensor()
     x = t.detach().reshape(-1).to("cpu", torch.float64)
     g = torch.Generator().manual_seed(seed)
     proj = torch.randn(SKETCH_DIM, x.numel(), generator=g, dtype=torch.float64) / SKETCH_DIM ** 0.5
