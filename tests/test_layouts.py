@@ -186,3 +186,27 @@ def test_two_rank_layout_passes_the_loss_check(kind, knobs):
     assert contract.check_loss(results[0]["loss_trace"], "fp32") is None
     assert results[0]["num_params"] == one["num_params"]
     assert results[0]["loss_trace"] == pytest.approx(one["loss_trace"], rel=1e-4)
+
+
+# ---- real Ray Train trials (cpu_dense, 2 workers, gloo) --------------------------------------
+
+
+@pytest.mark.slow
+def test_ray_train_layout_trials_pass_the_contract(tmp_path, ray_local):
+    from conftest import copy_task
+
+    from infrarsi.backends.ray_train import RayTrainBackend
+    from infrarsi.backends.ray_train._pool import shutdown_process_pool
+    from infrarsi.init_stage import init_task
+
+    contract, _, baseline = init_task(copy_task(tmp_path, **{"timing.measured_steps": 2}))
+    backend = RayTrainBackend(contract.spec(), contract=contract)
+    try:
+        for knobs in ({"tensor_parallel_degree": 2, "sequence_parallel": True},
+                      {"pipeline_parallel_degree": 2, "pipeline_schedule": "1f1b"}):
+            rec = backend.execute({**backend.baseline_config(), "num_workers": 2, **knobs})
+            assert rec.ok, (knobs, rec.error_message)  # the backend applied the loss check
+            assert rec.tokens_per_step == baseline.tokens_per_step
+            assert {k: rec.config[k] for k in knobs} == knobs
+    finally:
+        shutdown_process_pool()

@@ -135,7 +135,7 @@ class _Run:
         losses: list[torch.Tensor] = []
         with phase("forward"):  # the schedule runs forward and backward together
             with mech.autocast_context(self.config["precision"], self.device):
-                self.schedule.step(inputs, target=targets, losses=losses)
+                self.schedule.step(inputs, target=targets, losses=losses, return_outputs=False)
         total = (torch.stack([x.detach().float() for x in losses]).sum() / self.accum
                  if losses else torch.zeros((), device=self.device))
         dist.all_reduce(total, group=self.pp_group)
