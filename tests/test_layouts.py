@@ -210,3 +210,21 @@ def test_ray_train_layout_trials_pass_the_contract(tmp_path, ray_local):
             assert {k: rec.config[k] for k in knobs} == knobs
     finally:
         shutdown_process_pool()
+
+
+@pytest.mark.parametrize("task", ["cpu_dense", "cpu_moe"])
+def test_reference_cpu_tasks_search_the_layout_knobs(task):
+    from conftest import TASKS
+
+    from infrarsi.contract import load_task
+    from infrarsi.search._progress import layout_label
+
+    space = build_torch_space(load_task(TASKS / f"{task}.yaml"))
+    for name in ("tensor_parallel_degree", "sequence_parallel", "pipeline_parallel_degree",
+                 "pipeline_schedule"):
+        assert len(space.knob(name).values) > 1, name
+    base = space.defaults()
+    labels = {layout_label(c) for c in space.neighbours({**base, "num_workers": 2})}
+    labels |= {layout_label(c) for c in space.neighbours(
+        space.normalize({**base, "num_workers": 2, "pipeline_parallel_degree": 2}))}
+    assert {"tp2", "pp2:1f1b", "pp2:gpipe", "pp2:i1f1bx2"} <= labels
