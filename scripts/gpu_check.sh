@@ -7,6 +7,9 @@
 #   4. `infrarsi doctor --repeats 1`: phase profile and MFU against the task's peak_flops
 #   5. with RUN_BUDGET=N: `infrarsi run --budget N --verify-top 1 --pairs 2` (a short search on
 #      the GPU, the best config re-measured against the baseline), then `infrarsi report`
+#   6. with 2+ GPUs (LAYOUT_GPUS=2 by default): the same task on 2 ranks, baseline data parallel,
+#      then tensor parallel (tp=2, with and without sequence parallelism) and pipeline parallel
+#      (pp=2, each schedule) trials; each must come back ok (the contract's loss check passed)
 # Prints every record; exits non-zero when a step does not behave as stated.
 # Usage: bash scripts/gpu_check.sh            (needs nvidia-smi and a CUDA torch)
 #        TASK=configs/tasks/other.yaml RUN_BUDGET=3 bash scripts/gpu_check.sh
@@ -50,4 +53,35 @@ if [ -n "${RUN_BUDGET:-}" ]; then
   echo "== 5. a short search on the GPU, the best verified against the baseline"
   "${INFRARSI[@]}" run --run-dir "$RUN_DIR" --budget "$RUN_BUDGET" --verify-top 1 --pairs 2
   "${INFRARSI[@]}" report --run-dir "$RUN_DIR"
+fi
+
+NGPU=$(nvidia-smi -L | wc -l)
+if [ "$NGPU" -ge "${LAYOUT_GPUS:-2}" ]; then
+  echo "== 6. parallel layouts on ${LAYOUT_GPUS:-2} GPUs (tensor, sequence, pipeline)"
+  LAYOUT_DIR="$RUN_DIR/layouts"
+  mkdir -p "$LAYOUT_DIR"
+  # The task with max_workers raised (absolute workspace path: the copy lives in the run dir).
+  "$PY" - "$TASK" "$LAYOUT_DIR/task.yaml" "${LAYOUT_GPUS:-2}" <<'EOF'
+import sys, yaml
+from infrarsi.contract import load_task
+spec = load_task(sys.argv[1])
+d = spec.to_dict()
+d["workload"]["workspace"] = str(spec.workspace_path())
+d["hardware"]["max_workers"] = int(sys.argv[3])
+d["search"]["baseline"]["num_workers"] = int(sys.argv[3])
+for key in ("run_dir", "base_dir"):
+    d.pop(key, None)
+yaml.safe_dump(d, open(sys.argv[2], "w"), sort_keys=False)
+EOF
+  "${INFRARSI[@]}" init "$LAYOUT_DIR/task.yaml" --run-dir "$LAYOUT_DIR"
+  for layout in "tensor_parallel_degree=2" \
+                "tensor_parallel_degree=2 sequence_parallel=true" \
+                "pipeline_parallel_degree=2 pipeline_schedule=gpipe" \
+                "pipeline_parallel_degree=2 pipeline_schedule=1f1b" \
+                "pipeline_parallel_degree=2 pipeline_schedule=interleaved_1f1b"; do
+    sets=()
+    for kv in $layout; do sets+=(--set "$kv"); done
+    echo "-- $layout"
+    "${INFRARSI[@]}" trial "$LAYOUT_DIR/task.yaml" --run-dir "$LAYOUT_DIR" "${sets[@]}"
+  done
 fi

@@ -118,6 +118,16 @@ def wrap_data_parallel(model: nn.Module, config: Mapping[str, Any], device: torc
     )
 
 
+def fully_shard_on(model: nn.Module, mesh, reshard_after_forward: bool) -> None:
+    """FSDP2 ``fully_shard`` per block and at the root over ``mesh`` (the data-parallel
+    dimension of a tensor/pipeline layout: FSDP2 composes with the DTensor parameters TP made)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+
+
 def no_sync_context(model: nn.Module, last_micro_batch: bool):
     """Skip DDP's all-reduce on all but the last micro-batch of an accumulation."""
     if last_micro_batch or not hasattr(model, "no_sync"):
@@ -155,4 +165,16 @@ def build_optimizer(model: nn.Module, impl: str, lr: float = LEARNING_RATE) -> t
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": WEIGHT_DECAY},
               {"params": no_decay, "weight_decay": 0.0}]
+    if any(_is_dtensor(p) for p in decay + no_decay):
+        # Tensor parallelism leaves some parameters whole (norms, a router): foreach and fused
+        # kernels refuse a list mixing them with DTensors, so each kind gets its own group.
+        groups = [{**g, "params": [p for p in g["params"] if _is_dtensor(p) == dt]}
+                  for g in groups for dt in (True, False)]
+        groups = [g for g in groups if g["params"]]
     return torch.optim.AdamW(groups, lr=lr, betas=BETAS, **kwargs)
+
+
+def _is_dtensor(p: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(p, DTensor)

@@ -20,10 +20,13 @@ from infrarsi.harness import mechanisms as mech
 from infrarsi.harness._workspace import load_entry
 from infrarsi.harness.clock import ClockTamperError, StepClock
 from infrarsi.harness.data import global_batch, micro_batches
+from infrarsi.harness.layout import Layout, build_mesh
 from infrarsi.harness.loss import training_loss
 from infrarsi.harness.memory import CpuMemoryMeter, raise_if_over_capacity
+from infrarsi.harness.pipeline import build_schedule, split_stages
 from infrarsi.harness.profile import memory_breakdown, no_phase, profile_step
 from infrarsi.harness.stats import count_stats, shape_dict
+from infrarsi.harness.tensor_parallel import apply_tensor_parallel
 from infrarsi.trial import EARLY_STOP_CHECK_STEPS, clearly_slower
 from infrarsi.workloads.knobs import derived
 
@@ -64,6 +67,11 @@ class _Run:
         self.aux_weight = float(wl.shape.aux_loss_weight)
         self.model = self.optimizer = None
         self.expert_params: list[torch.nn.Parameter] = []
+        # Tensor/pipeline layout: the global batch is split over the data-parallel ranks only.
+        self.layout = Layout.from_config(config, self.world)
+        self.dp_rank, self.dp_size = self.rank, self.world
+        self.mesh = self.schedule = self.pp_group = None
+        self.fused: dict[str, int] = {}  # fused projections whose rows TP permuted
 
     def build(self, entry) -> dict[str, float]:
         cfg = self.config
@@ -78,12 +86,60 @@ class _Run:
         stats = count_stats(model, shape, ep)
         if ep > 1:
             self.expert_params = list(model.expert_parameters())
-        mech.apply_activation_checkpointing(model, cfg["activation_checkpointing"])
-        mech.apply_compile(model, cfg["compile"])
-        self.model = mech.wrap_data_parallel(model, cfg, self.device, self.expert_params)
+        if self.layout.model_parallel:
+            self.model = self._build_layout(model, shape)
+        else:
+            mech.apply_activation_checkpointing(model, cfg["activation_checkpointing"])
+            mech.apply_compile(model, cfg["compile"])
+            self.model = mech.wrap_data_parallel(model, cfg, self.device, self.expert_params)
         self.optimizer = mech.build_optimizer(
             self.model, cfg["optimizer_impl"], mech.learning_rate(shape["hidden_size"]))
         return stats
+
+    def _build_layout(self, model: torch.nn.Module, shape: dict) -> torch.nn.Module:
+        """Pipeline stages, then tensor parallelism, checkpointing, compile and FSDP2 on the
+        data-parallel mesh dimension (torchtitan's order); this rank's modules in a ModuleList
+        when pipelined."""
+        lay, cfg = self.layout, self.config
+        self.mesh = build_mesh(lay, self.device.type)
+        self.dp_rank, self.dp_size = self.mesh["dp"].get_local_rank(), lay.dp
+        modules = [model]
+        if lay.pp > 1:
+            stages = split_stages(model, lay.pp, lay.virtual_stages, self.mesh["pp"].get_local_rank(),
+                                  shape["vocab_size"], self.device)
+            modules = [m for _, m in stages]
+        for m in modules:
+            if lay.tp > 1:
+                fused = apply_tensor_parallel(m, self.mesh["tp"], lay.sequence_parallel)
+                names = getattr(m, "names", {})
+                self.fused.update({names.get(k, k): v for k, v in fused.items()})
+            mech.apply_activation_checkpointing(m, cfg["activation_checkpointing"])
+            mech.apply_compile(m, cfg["compile"])
+            if lay.dp > 1:
+                mech.fully_shard_on(m, self.mesh["dp"], bool(cfg["reshard_after_forward"]))
+        if lay.pp == 1:
+            return modules[0]
+        self.pp_group = self.mesh["pp"].get_group()
+        self.schedule = build_schedule(stages, lay.pp * lay.virtual_stages, lay.schedule,
+                                       self.accum, self._stage_loss, self.device, self.pp_group)
+        return torch.nn.ModuleList(modules)
+
+    def _stage_loss(self, output, targets: torch.Tensor) -> torch.Tensor:
+        logits, aux = output
+        return training_loss(logits, targets, aux, self.aux_weight)
+
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor, phase) -> torch.Tensor:
+        """One ``schedule.step`` (forward and backward of every micro-batch, interleaved as the
+        schedule says); the mean micro-batch loss, known on the last stage, sent to every
+        pipeline rank."""
+        losses: list[torch.Tensor] = []
+        with phase("forward"):  # the schedule runs forward and backward together
+            with mech.autocast_context(self.config["precision"], self.device):
+                self.schedule.step(inputs, target=targets, losses=losses, return_outputs=False)
+        total = (torch.stack([x.detach().float() for x in losses]).sum() / self.accum
+                 if losses else torch.zeros((), device=self.device))
+        dist.all_reduce(total, group=self.pp_group)
+        return total
 
     def step(self, index: int, phase=no_phase) -> torch.Tensor:
         """One optimizer step over this rank's share of the locked global batch.
@@ -95,7 +151,16 @@ class _Run:
         with phase("data"):
             batch = global_batch(self.spec.loss_reference.seed, index, wl.global_batch_size,
                                  wl.seq_len, wl.shape.vocab_size)
-            micro = list(micro_batches(batch, self.rank, self.world, cfg["micro_batch_size"]))
+            micro = list(micro_batches(batch, self.dp_rank, self.dp_size, cfg["micro_batch_size"]))
+        if self.schedule is not None:
+            with phase("data"):
+                inputs = torch.cat([i for i, _ in micro]).to(self.device, non_blocking=True)
+                targets = torch.cat([t for _, t in micro]).to(self.device, non_blocking=True)
+            total = self._pipeline_step(inputs, targets, phase)
+            with phase("optimizer"):
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            return total
         total = torch.zeros((), device=self.device)
         for i, (inputs, targets) in enumerate(micro):
             with phase("data"):
@@ -255,6 +320,8 @@ SKETCH_DIM = 8
 def _sketch(t: torch.Tensor, seed: int) -> list[float]:
     """[norm, k random projections] of ``t`` in float64: two tensors a and b with the same
     seed give ``|sketch(a) - sketch(b)| / |sketch(b)| ~ |a - b| / |b|`` (Johnson-Lindenstrauss)."""
+    if hasattr(t, "full_tensor"):  # a tensor-parallel DTensor: its whole value (a collective)
+        t = t.full_tensor()
     x = t.detach().reshape(-1).to("cpu", torch.float64)
     g = torch.Generator().manual_seed(seed)
     proj = torch.randn(SKETCH_DIM, x.numel(), generator=g, dtype=torch.float64) / SKETCH_DIM ** 0.5

@@ -55,14 +55,18 @@ _ATTN_PER_TOKEN, _DENSE_MLP_PER_TOKEN = 15.0, 19.0
 def layout(config: Mapping[str, Any]) -> dict[str, Any]:
     """The config's value of every role (its default where the config has no such knob)."""
     out = dict(_DEFAULTS)
+    found: dict[str, str] = {}
     for role, names in ROLES.items():
         for n in names:
             if n in config and config[n] is not None:
                 out[role] = config[n]
+                found[role] = n
                 break
     for role in ("dp", "tp", "pp", "cp", "ep", "mbs", "vpp"):
         v = out[role]
         out[role] = int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1 else 1
+    if found.get("dp") == "num_workers":  # a real job's world size: tp x pp x cp x dp ranks
+        out["dp"] = max(out["dp"] // (out["tp"] * out["pp"] * out["cp"]), 1)
     z = out["zero"]
     if z == "fsdp":  # FSDP2 full shard is ZeRO-3; keeping params after forward is ZeRO-2
         z = 3 if config.get("reshard_after_forward", True) else 2

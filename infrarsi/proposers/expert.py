@@ -184,6 +184,7 @@ RULES: dict[str, Rule] = {
     "dp": _workers,
     "tensor_parallel_degree": _model_parallel(0.12, 0.5),
     "tp": _model_parallel(0.12, 0.5),
+    "sequence_parallel": _small(0.02, -0.1, 0.1, 0.15),  # norms' activations sharded over tp
     "pipeline_parallel_degree": _model_parallel(0.15, 0.45),
     "pp": _model_parallel(0.15, 0.45),
     "context_parallel_degree": _model_parallel(0.1, 0.3),

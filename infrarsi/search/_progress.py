@@ -7,7 +7,23 @@ from typing import Any
 
 from infrarsi.trial import TrialRecord
 
-_COLS = f"{'#':>3}  {'source':<22} {'status':<18} {'step':>9} {'speedup':>8} {'best':>6}  {'peak memory':>16} {'cost':>8}"
+_COLS = f"{'#':>3}  {'source':<22} {'layout':<16} {'status':<18} {'step':>9} {'speedup':>8} {'best':>6}  {'peak memory':>16} {'cost':>8}"
+
+
+def layout_label(config: dict[str, Any]) -> str:
+    """The parallel layout of a config in a few characters ("dp2", "tp2+sp", "pp2:1f1b"), read
+    the way the physics features read it (real knobs and table columns alike)."""
+    from infrarsi.models.physics import layout
+
+    c = layout(config)
+    parts = [f"{r}{c[r]}" for r in ("dp", "tp", "pp", "cp", "ep") if c[r] > 1]
+    if c["tp"] > 1 and config.get("sequence_parallel"):
+        parts[parts.index(f"tp{c['tp']}")] += "+sp"
+    if c["pp"] > 1:
+        sched = str(config.get("pipeline_schedule", c["schedule"]))
+        v = f"x{c['vpp']}" if sched.startswith("interleaved") and c["vpp"] > 1 else ""
+        parts[parts.index(f"pp{c['pp']}")] += f":{sched.replace('interleaved_', 'i')}{v}"
+    return " ".join(parts) or "1 rank"
 
 
 class Progress:
@@ -41,7 +57,7 @@ class Progress:
             mem = f"OOM >{r.memory_censor_bytes / 2**20:,.0f} MiB"
         else:
             mem = "-"
-        self.out(f"{n:>3}  {origin[:22]:<22} {status[:18]:<18} {step:>9} {sp:>8} {best:>6}  "
+        self.out(f"{n:>3}  {origin[:22]:<22} {layout_label(r.config)[:16]:<16} {status[:18]:<18} {step:>9} {sp:>8} {best:>6}  "
                  f"{mem:>16} {r.device_seconds:7.0f}s")
         if r.extra.get("patches"):
             self.out(f"     patched: {', '.join(r.extra['patches'])}")

@@ -21,10 +21,23 @@ reshard_after_forward    FSDP2 ``fully_shard(reshard_after_forward=...)``
 optimizer_impl           ``torch.optim.AdamW(foreach=...)`` / ``AdamW(fused=True)``
 expert_parallel_degree   MoE only: experts sharded over ranks, tokens exchanged with
                          differentiable ``all_to_all_single``
+tensor_parallel_degree   DTensor ``parallelize_module`` over the mesh's "tp" dimension: a
+                         column/row-wise plan derived from the model's linear layers
+                         (``infrarsi.harness.tensor_parallel``)
+sequence_parallel        ``SequenceParallel`` norms, activations sharded on the sequence
+                         between the tensor-parallel regions
+pipeline_parallel_degree ``torch.distributed.pipelining`` stages split by blocks over the
+                         mesh's "pp" dimension (``infrarsi.harness.pipeline``)
+pipeline_schedule        ``ScheduleGPipe`` / ``Schedule1F1B`` / ``ScheduleInterleaved1F1B``
+num_virtual_pipeline_    stages per pipeline rank of the interleaved schedule
+stages
 ======================== ==============================================================
 
 Gradient accumulation is not a knob: it is derived, so the locked global batch (the work per
-step) cannot change.
+step) cannot change. Neither is the data-parallel degree: ``num_workers`` ranks form a
+``(pp, dp, tp)`` mesh with ``dp = num_workers / (tensor_parallel_degree x
+pipeline_parallel_degree)``, and the batch is split over ``dp`` only. Context parallelism is not
+offered (``infrarsi.harness.layout`` says why).
 """
 
 from __future__ import annotations
@@ -35,6 +48,9 @@ from typing import Any
 from infrarsi.contract.spec import TaskSpec
 from infrarsi.errors import ConfigError
 from infrarsi.space import Knob, Rule, SearchSpace
+from infrarsi.workloads._layout_rules import data_parallel_degree
+from infrarsi.workloads._layout_rules import layout_space as _layout_space
+from infrarsi.workloads._layout_rules import model_parallel_degree as _model_parallel
 
 COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs")
 
@@ -43,8 +59,13 @@ def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
+def _dp_active(c: Mapping[str, Any]) -> bool:
+    # Under a tensor/pipeline layout with one data-parallel replica there is nothing to wrap.
+    return _model_parallel(c) == 1 or data_parallel_degree(c) > 1
+
+
 def _ddp_multi(c: Mapping[str, Any]) -> bool:
-    return c.get("data_parallel") == "ddp" and c.get("num_workers", 1) > 1
+    return c.get("data_parallel") == "ddp" and data_parallel_degree(c) > 1
 
 
 def build_torch_space(spec: TaskSpec) -> SearchSpace:
@@ -62,14 +83,15 @@ def build_torch_space(spec: TaskSpec) -> SearchSpace:
              "recompute block activations in backward"),
         Knob("precision", ("fp32", "bf16"), "fp32", "categorical", "autocast compute dtype"),
         Knob("compile", COMPILE_MODES, "off", "categorical", "torch.compile mode"),
-        Knob("data_parallel", ("ddp", "fsdp"), "ddp", "categorical", "gradient sync strategy"),
+        Knob("data_parallel", ("ddp", "fsdp"), "ddp", "categorical", "gradient sync strategy",
+             active_if=_dp_active),
         Knob("bucket_cap_mb", (1, 5, 25, 100), 25, "ordinal", "DDP gradient bucket size",
              active_if=_ddp_multi),
         Knob("gradient_as_bucket_view", (False, True), False, "bool",
              "DDP grads alias the comm buckets", active_if=_ddp_multi),
         Knob("reshard_after_forward", (True, False), True, "bool",
              "FSDP2 frees gathered params after forward",
-             active_if=lambda c: c.get("data_parallel") == "fsdp"),
+             active_if=lambda c: c.get("data_parallel") == "fsdp" and _dp_active(c)),
         Knob("optimizer_impl", ("for_loop", "foreach", "fused"), "foreach", "categorical",
              "AdamW implementation"),
     ]
@@ -77,6 +99,10 @@ def build_torch_space(spec: TaskSpec) -> SearchSpace:
         Rule("global batch", lambda c: _global_batch_violation(c, gbs)),
         Rule("cpu budget", lambda c: _cpu_violation(c, hw.max_workers * hw.cpus_per_worker)),
     ]
+    if hw.max_workers > 1:
+        layout_knobs, layout_rules = _layout_space(spec)
+        knobs += layout_knobs
+        rules += layout_rules
     if wl.family == "moe":
         eps = tuple(e for e in _divisors(wl.shape.num_experts) if e <= hw.max_workers)
         knobs.append(Knob("expert_parallel_degree", eps, 1, "ordinal",
@@ -87,12 +113,14 @@ def build_torch_space(spec: TaskSpec) -> SearchSpace:
 
 
 def _global_batch_violation(c: Mapping[str, Any], gbs: int) -> str | None:
-    per_step = c["micro_batch_size"] * c["num_workers"]
+    dp = data_parallel_degree(c)
+    per_step = c["micro_batch_size"] * dp
     if gbs % per_step:
         return (
-            f"micro_batch_size {c['micro_batch_size']} x num_workers {c['num_workers']} = "
+            f"micro_batch_size {c['micro_batch_size']} x {dp} data-parallel rank(s) = "
             f"{per_step} does not divide the locked global batch {gbs}; pick a micro-batch "
-            "that divides global_batch_size / num_workers"
+            "that divides global_batch_size / (num_workers / (tensor_parallel_degree x "
+            "pipeline_parallel_degree))"
         )
     return None
 
@@ -113,6 +141,9 @@ def _ep_violation(c: Mapping[str, Any]) -> str | None:
         return f"expert_parallel_degree {ep} must be 1 or equal num_workers ({c['num_workers']})"
     if ep > 1 and c["data_parallel"] != "ddp":
         return "expert parallelism is implemented with DDP only; set data_parallel=ddp"
+    if ep > 1 and _model_parallel(c) > 1:
+        return ("expert parallelism does not compose with tensor or pipeline parallelism here; "
+                "set expert_parallel_degree=1 or tensor_parallel_degree=pipeline_parallel_degree=1")
     return None
 
 
@@ -146,8 +177,9 @@ def _restrict(space: SearchSpace, spec: TaskSpec) -> SearchSpace:
 
 
 def derived(config: Mapping[str, Any], global_batch_size: int) -> dict[str, int]:
-    """Quantities the harness derives from knobs so the work per step stays locked."""
-    per_rank = global_batch_size // config["num_workers"]
+    """Quantities the harness derives from knobs so the work per step stays locked (per
+    data-parallel rank: tensor and pipeline ranks of one replica share its rows)."""
+    per_rank = global_batch_size // data_parallel_degree(config)
     return {
         "per_rank_batch": per_rank,
         "gradient_accumulation_steps": per_rank // config["micro_batch_size"],

@@ -51,7 +51,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.wqkv(x).split(C, dim=-1)
+        q, k, v = self.wqkv(x).chunk(3, dim=-1)
         q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
@@ -63,7 +63,7 @@ class Attention(nn.Module):
         scores = scores.masked_fill(mask, float("-inf"))
         att = F.softmax(scores, dim=-1)
         y = att @ v
-        y = y.transpose(1, 2).reshape(B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, -1)
         return self.wo(y)
 
 
