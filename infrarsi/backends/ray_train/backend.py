@@ -23,6 +23,7 @@ from infrarsi.backends.ray_train._runner import (
 )
 from infrarsi.contract import Contract, TaskSpec
 from infrarsi.errors import ConfigError
+from infrarsi.live import PROGRESS_ENV
 from infrarsi.space import SearchSpace
 from infrarsi.trial import (
     ErrorKind,
@@ -157,6 +158,8 @@ class RayTrainBackend(Backend):
             "workspace_files": read_workspace(self.workspace),
             "capacity_bytes": capacity,
             **({"profile": True} if self.profile else {}),
+            # where rank 0 writes its live state for the run's view (infrarsi.live)
+            **({"progress_path": p} if (p := os.environ.get(PROGRESS_ENV)) else {}),
         }
 
     def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None,
