@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi.contract import Contract
-from infrarsi.errors import ConfigError, FrozenFileChangedError, InfraRSIError
+from infrarsi.errors import ConfigError, FrozenFileChangedError
 from infrarsi.rundir import OUTCOME_FILE, RUN_FILE, STATE_FILE, TUNE_DIR, read_json, write_json
 from infrarsi.search._patch_stage import prepare_patches, promoted_patches
 from infrarsi.search._progress import Progress
@@ -59,6 +59,8 @@ class RunOutcome:
     # the patches the promoted config turns on: id, origin, files, digest, diff
     promoted_patches: list[dict[str, Any]] = field(default_factory=list)
     run_dir: Path | None = None
+    # True when ``--resume`` found the run already finished and ran nothing (not serialized)
+    already_finished: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,7 +75,8 @@ class RunOutcome:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], run_dir: Path | None = None) -> RunOutcome:
+    def from_dict(cls, d: dict[str, Any], run_dir: Path | None = None,
+                  already_finished: bool = False) -> RunOutcome:
         def verdict(v: dict[str, Any] | None) -> Verdict | None:
             if v is None:
                 return None
@@ -84,7 +87,8 @@ class RunOutcome:
                    verdicts=[verdict(v) for v in d.get("verdicts", [])],
                    promoted=verdict(d.get("promoted")), stop_reason=d.get("stop_reason"),
                    verified_patches=list(d.get("verified_patches", [])),
-                   promoted_patches=list(d.get("promoted_patches", [])), run_dir=run_dir)
+                   promoted_patches=list(d.get("promoted_patches", [])), run_dir=run_dir,
+                   already_finished=already_finished)
 
     @property
     def speedup(self) -> float | None:
@@ -134,7 +138,7 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
     ``patches=False`` searches launch knobs only (``--no-patches``); ``proposer`` overrides the
     one the task spec implies (LLM when it has an ``llm:`` section, else expert)."""
     if budget < 1:
-        raise InfraRSIError(f"--budget {budget}: give at least 1 trial")
+        raise ConfigError(f"--budget {budget}: give at least 1 trial")
     check_pairs(pairs)
     run_dir = Path(run_dir).resolve()  # trials run with their own working directory
     if resume and (done := finished_outcome(run_dir)) is not None:
@@ -317,7 +321,7 @@ def finished_outcome(run_dir: Path) -> RunOutcome | None:
     data = read_json(run_dir / OUTCOME_FILE)
     if not run or not data or data.get("run_id") != run.get("run_id"):
         return None
-    return RunOutcome.from_dict(data, run_dir=run_dir)
+    return RunOutcome.from_dict(data, run_dir=run_dir, already_finished=True)
 
 
 class _LiveView:
