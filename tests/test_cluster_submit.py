@@ -34,8 +34,8 @@ def _wait_for_job_server(url: str, timeout: float = 120.0) -> None:
 
 def test_ray_job_submit_runs_a_stage_on_a_local_head(tmp_path):
     try:
-        import ray.dashboard.modules.job.sdk  # noqa: F401
         import aiohttp  # noqa: F401
+        import ray.dashboard.modules.job.sdk  # noqa: F401
     except ImportError as e:  # a failure, not a skip: the install is what is tested
         pytest.fail(f"the job server needs ray[default]: pip install -e '.[cluster]' ({e})")
     task = copy_task(tmp_path, "cpu_dense.yaml", **{

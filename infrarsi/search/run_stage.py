@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ray.tune import ProgressReporter
+
 from infrarsi.contract import Contract
 from infrarsi.errors import ConfigError, FrozenFileChangedError
 from infrarsi.rundir import OUTCOME_FILE, RUN_FILE, STATE_FILE, TUNE_DIR, read_json, write_json
@@ -237,6 +239,9 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
             name=f"infrarsi-{session.run_id}-{int(time.time())}",
             storage_path=str((session.run_dir / TUNE_DIR).resolve()), verbose=0, log_to_file=False,
             failure_config=tune.FailureConfig(max_failures=0),
+            # Tune's own reporter is off: in a notebook it clear_output()s the cell, erasing
+            # our table's header and the lines before it
+            progress_reporter=_NoTuneOutput(),
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False)),
     )
     def running() -> list[tuple[str, int, str, dict, float]]:
@@ -355,3 +360,14 @@ class _LiveView:
                                        started)
             except Exception:  # noqa: BLE001, S112 - the view must never stop a run
                 continue
+
+
+
+class _NoTuneOutput(ProgressReporter):
+    """Tune's progress reporter that never reports (the run's own table is the output)."""
+
+    def should_report(self, trials, done: bool = False) -> bool:
+        return False
+
+    def report(self, trials, done: bool, *sys_info: str) -> None:
+        return None
