@@ -2,14 +2,19 @@
 
 A driver that starts its own local Ray (no ``RAY_ADDRESS``) owns a GCS, a raylet, their agents
 (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) and workers. A clean exit stops them; a
-SIGKILL leaves some running, orphaned. Before ``ray.init`` the driver puts a tag unique to it
-in its environment (:data:`OWNER_ENV`): every process Ray then starts inherits the environment,
-workers included (whose command lines Ray rewrites to ``ray::IDLE``, so a command line cannot
-tell whose they are). The tag and the driver's pid go to ``RUN/ray_session.json``.
+SIGKILL leaves some running, orphaned. Which processes are its? Ray rewrites their titles
+(``ray::IDLE``), and that rewrite also overwrites what ``/proc/PID/environ`` shows, so neither a
+command line nor an inherited variable alone can tell. Two marks are recorded in
+``RUN/ray_session.json``:
+
+* the Ray *session directory* (``/tmp/ray/session_<time>_<driver pid>``, unique to this
+  ``ray.init``): every process Ray starts for it writes its logs there and holds them open;
+* a tag put in the driver's environment (:data:`OWNER_ENV`) before ``ray.init``, inherited by
+  what Ray processes start without retitling (compilers, user subprocesses).
 
 The next driver of the same run folder (see :func:`reap_previous`) stops the processes that
-carry the recorded tag, once the recorded driver is dead: never a process it did not start,
-whoever else runs Ray on the machine.
+hold a file under the recorded session directory or carry the tag, once the recorded driver is
+dead: never a process it did not start, whoever else runs Ray on the machine.
 """
 
 from __future__ import annotations
@@ -28,31 +33,65 @@ OWNER_ENV = "INFRARSI_RAY_OWNER"
 def claim(run_dir: Path) -> str:
     """Tag the Ray processes this driver is about to start; record the tag in the run folder.
 
-    Call right before ``ray.init`` starts a local Ray. Returns the tag."""
+    Call right before ``ray.init`` starts a local Ray, then :func:`record_session` after it.
+    Returns the tag."""
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
     os.environ[OWNER_ENV] = tag
     write_json(Path(run_dir) / RAY_SESSION_FILE, {"driver_pid": os.getpid(), "tag": tag})
     return tag
 
 
-def owned_pids(tag: str) -> list[int]:
-    """Pids of live processes (other than this one) whose environment carries ``tag``."""
+def record_session(run_dir: Path) -> None:
+    """Add the session directory of the Ray this driver just started to the record."""
+    import ray
+
+    path = Path(run_dir) / RAY_SESSION_FILE
+    rec = read_json(path) or {"driver_pid": os.getpid()}
+    try:
+        node = ray._private.worker._global_node  # noqa: SLF001 - the session of this ray.init
+        rec["session_dir"] = node.get_session_dir_path() if node is not None else None
+    except AttributeError:
+        return
+    write_json(path, rec)
+
+
+def owned_pids(tag: str | None, session_dir: str | None = None) -> list[int]:
+    """Pids of live processes (other than this one) that hold a file under ``session_dir``
+    or whose environment carries ``tag``."""
     import psutil
 
-    want = f"{OWNER_ENV}={tag}".encode()
+    want = f"{OWNER_ENV}={tag}".encode() if tag else None
+    prefix = session_dir.rstrip("/") + "/" if session_dir else None
     out = []
     for proc in psutil.process_iter(["pid"]):
         pid = proc.info["pid"]
         if pid == os.getpid():
             continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read()
-        except OSError:  # gone, or not ours to read
-            continue
-        if want in env.split(b"\0"):
+        if (prefix and _holds_file_under(pid, prefix)) or (want and _has_env(pid, want)):
             out.append(pid)
     return out
+
+
+def _has_env(pid: int, want: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return want in f.read().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return False
+
+
+def _holds_file_under(pid: int, prefix: str) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def reap_previous(run_dir: Path, grace_s: float = 5.0) -> list[str]:
@@ -68,7 +107,7 @@ def reap_previous(run_dir: Path, grace_s: float = 5.0) -> list[str]:
     driver = int(rec.get("driver_pid") or 0)
     if driver == os.getpid() or (driver and psutil.pid_exists(driver) and not _zombie(driver)):
         return []  # that driver is alive (the run lock refuses a second one anyway)
-    pids = owned_pids(rec["tag"])
+    pids = owned_pids(rec["tag"], rec.get("session_dir"))
     if pids:
         for pid in pids:
             _signal(pid, signal.SIGTERM)

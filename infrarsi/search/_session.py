@@ -278,6 +278,10 @@ class RunSession:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 ray.init(address=address or None, **kwargs)
+            if not address:
+                from infrarsi.search._ray_owner import record_session
+
+                record_session(self.run_dir)
 
     def trial_driver_resources(self) -> dict[str, float]:
         """What a Tune trial's own process holds: no CPU (its Train workers hold those)."""
