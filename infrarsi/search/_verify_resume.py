@@ -102,6 +102,7 @@ class ResumableVerification:
             return self.backend.execute(config, trial_id=real, **kwargs)
         finally:
             self._running = None
+            Path(path).unlink(missing_ok=True)
             if old is None:
                 os.environ.pop(PROGRESS_ENV, None)
             else:

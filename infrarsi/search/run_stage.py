@@ -26,6 +26,7 @@ from ray.tune import ProgressReporter
 
 from infrarsi.contract import Contract
 from infrarsi.errors import ConfigError, FrozenFileChangedError
+from infrarsi.live import live_path
 from infrarsi.rundir import OUTCOME_FILE, RUN_FILE, STATE_FILE, TUNE_DIR, read_json, write_json
 from infrarsi.search._patch_stage import prepare_patches, promoted_patches
 from infrarsi.search._progress import Progress
@@ -208,6 +209,7 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
 
     def on_record(trial_id: str, record: TrialRecord, origin: str, live: dict | None) -> None:
         session.record(record, origin)
+        live_path(session.run_dir, trial_id).unlink(missing_ok=True)  # its live state is over
         if origin.startswith("seed:baseline") and record.ok:
             session.baseline_step_s = table.baseline_step_s = record.step_time_s
         table.row(len(engine.observations), record, origin, live)
