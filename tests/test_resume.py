@@ -75,6 +75,21 @@ def test_a_resumed_verification_keeps_complete_pairs_and_remeasures_the_rest_und
     assert third.ran == [] and v3.baseline_trials == v2.baseline_trials
 
 
+def test_each_verification_trial_reaches_the_bank_as_soon_as_it_finished():
+    written: list[str] = []
+    backend = Timed()
+
+    class Spy(Timed):
+        def execute(self, config, *, trial_id=None, **kw):
+            assert len(written) == len(backend.ran)  # the previous trial is already written
+            return backend.execute(config, trial_id=trial_id, **kw)
+
+    wrapped = ResumableVerification(Spy(), [], attempt=2,
+                                    record=lambda r, origin: written.append(r.trial_id))
+    verify_candidate(wrapped, BASE, CAND, pairs=3, mde=0.05, tag="verify0")
+    assert written == backend.ran == [f"verify0-{s}{i}-r2" for i in range(3) for s in "AB"]
+
+
 def _records(ids):
     return [rec(t, BASE if "-A" in t else CAND, 0.10 if "-A" in t else 0.08) for t in ids]
 

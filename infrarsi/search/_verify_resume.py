@@ -48,8 +48,10 @@ class ResumableVerification:
 
     def __init__(self, backend: Any, done: Iterable[TrialRecord], *, attempt: int,
                  open_trial: Callable[[str, dict, str], None] | None = None,
+                 record: Callable[[TrialRecord, str], None] | None = None,
                  live_dir: Path | None = None) -> None:
         self.backend = backend
+        self.record = record  # writes a trial to the bank as soon as it finished
         self.attempt = attempt
         self.open_trial = open_trial
         self.live_dir = live_dir  # run folder: each trial's live state goes under it
@@ -90,7 +92,17 @@ class ResumableVerification:
         if self.open_trial is not None:
             self.open_trial(real, dict(config), origin)
         if self.live_dir is None:
-            return self.backend.execute(config, trial_id=real, **kwargs)
+            out = self.backend.execute(config, trial_id=real, **kwargs)
+        else:
+            out = self._execute_live(config, real, origin, **kwargs)
+        if self.record is not None:
+            # at once, not after the pair: a kill during the candidate must not leave the
+            # finished baseline trial open (closed as interrupted, charged until the kill)
+            self.record(out, origin)
+        return out
+
+    def _execute_live(self, config: Mapping[str, Any], real: str, origin: str,
+                      **kwargs: Any) -> TrialRecord:
         from infrarsi.live import PROGRESS_ENV, live_path, write_state
 
         path = str(live_path(self.live_dir, real))

@@ -288,15 +288,14 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
     # writes its live state, which the view shows while it runs.
     backend = ResumableVerification(session.backend, session.verification_done(),
                                     attempt=session.attempt, open_trial=session.open_trial,
-                                    live_dir=session.run_dir)
+                                    record=session.record, live_dir=session.run_dir)
     for i, cand in enumerate(candidates):
         table.verify_start(i + 1, len(candidates), pairs, cand)
         last: dict[str, TrialRecord] = {}
 
         def on_record(rec: TrialRecord, origin: str, _last=last) -> None:
+            # (the wrapper wrote each trial to the bank when it finished)
             replayed = rec.trial_id in backend.replayed_ids
-            if not replayed:
-                session.record(rec, origin)
             _last[origin] = rec
             if origin == "verify:candidate" and "verify:baseline" in _last:
                 table.verify_pair(_last["verify:baseline"], rec, bar=1 + mde, replayed=replayed)
