@@ -246,6 +246,7 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
             progress_reporter=_NoTuneOutput(),
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False)),
     )
+
     def running() -> list[tuple[str, int, str, dict, float]]:
         return [(tid, len(engine.observations) + 1 + j, live["origin"], live["config"],
                  live.get("started", time.time()))
