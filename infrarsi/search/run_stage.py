@@ -36,14 +36,8 @@ from infrarsi.search.engine import SearchEngine
 from infrarsi.search.searcher import InfraRSISearcher, split_stop_hint
 from infrarsi.search.verify import DEFAULT_MDE, Verdict, verify_candidate
 from infrarsi.space import config_key
-from infrarsi.stats import DEFAULT_PAIRS
+from infrarsi.stats import DEFAULT_PAIRS, MIN_PAIRS
 from infrarsi.trial import TrialRecord
-
-# The fewest verification pairs that can promote anything. One pair has no interval at all;
-# two leave the t interval one degree of freedom (95% quantile 12.7 against 4.3 for three), so
-# the lower bound clears the noise floor only for a candidate about exp(2 * 12.7 * sd / sqrt 2)
-# faster, i.e. 1.4x at a 2% pair-to-pair noise: on measured machines, nothing.
-MIN_PAIRS = 3
 
 
 @dataclass(frozen=True)
@@ -315,7 +309,7 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
 def check_pairs(pairs: int) -> None:
     """Refuse a ``--pairs`` with which nothing could ever be promoted (raises ConfigError).
 
-    See ``MIN_PAIRS`` for why the smallest useful number is 3."""
+    See ``infrarsi.stats.MIN_PAIRS`` for why the smallest useful number is 3."""
     if pairs < MIN_PAIRS:
         raise ConfigError(f"--pairs {pairs}: with fewer than {MIN_PAIRS} interleaved pairs no "
                           f"candidate can ever be promoted; give --pairs {MIN_PAIRS} or more "
