@@ -3,8 +3,9 @@
 A thin layer over the Python API (:mod:`infrarsi.api`): each stage's command parses its
 arguments, calls the stage's function and prints the typed result.
 
-Exit codes: 0 success; 1 the stage ran and failed (e.g. the trial did not come back ok);
-2 a usage error or bad input (the message says what to fix); 4 the contract is broken (a frozen
+Exit codes (one policy, see :func:`exit_code` and the README's table): 0 success; 1 the stage
+ran and failed (e.g. the trial did not come back ok); 2 a usage error or bad input, refused
+before anything changed (the message says what to fix); 4 the contract is broken (a frozen
 file changed). Tracebacks only with ``--debug``.
 """
 
@@ -126,7 +127,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                   bank_url=args.bank_url, cold=args.cold, patches=not args.no_patches,
                   fresh_processes=args.fresh_processes)
     # a search in which no trial ran ok found nothing: say so to scripts and `ray job submit`
-    return EXIT_OK if outcome.best is not None else EXIT_FAILED
+    # (a finished run resumed again ran nothing, and that is not a failure)
+    return EXIT_OK if outcome.best is not None or outcome.already_finished else EXIT_FAILED
 
 
 # ---- parser ---------------------------------------------------------------------------
@@ -203,25 +205,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def exit_code(e: BaseException, command: str) -> int:
+    """The one exit-code policy of every command (README, "Exit codes").
+
+    4: the contract is broken (a frozen file changed). 2: bad input, the command refused to
+    run and changed nothing: a usage or config error, a missing contract or run folder, a
+    refused ``apply``, a run folder another driver holds, and for ``infrarsi bank ...`` any
+    bank error (the URL, the bundle, the schema version). 1: the stage ran and failed (e.g. a
+    bank write failed mid-run, no trial came back ok)."""
+    from infrarsi.apply._git import ApplyRefusedError
+    from infrarsi.errors import BankError
+    from infrarsi.rundir import RunLockedError
+
+    if isinstance(e, FrozenFileChangedError):
+        return EXIT_CONTRACT
+    if isinstance(e, ValueError | argparse.ArgumentTypeError | ContractError
+                  | ApplyRefusedError | RunLockedError):
+        return EXIT_USAGE
+    if isinstance(e, BankError) and command == "bank":
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or EXIT_OK)
-    except (FrozenFileChangedError, ContractError) as e:
-        if args.debug:
-            raise
-        print(f"infrarsi {args.command}: {e}", file=sys.stderr)
-        return EXIT_CONTRACT if isinstance(e, FrozenFileChangedError) else EXIT_USAGE
     except (InfraRSIError, argparse.ArgumentTypeError) as e:
         if args.debug:
             raise
         print(f"infrarsi {args.command}: {e}", file=sys.stderr)
         sub = parser._subparsers._group_actions[0].choices.get(args.command)  # noqa: SLF001
-        if sub is not None and isinstance(e, ValueError | argparse.ArgumentTypeError):
+        if (sub is not None and isinstance(e, ValueError | argparse.ArgumentTypeError)
+                and not isinstance(e, ContractError)):
             print(file=sys.stderr)
             sub.print_help(sys.stderr)
-        return EXIT_USAGE if isinstance(e, ValueError | argparse.ArgumentTypeError) else EXIT_FAILED
+        return exit_code(e, args.command)
 
 
 if __name__ == "__main__":

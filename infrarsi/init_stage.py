@@ -76,4 +76,5 @@ def init_task(task: str | Path | TaskSpec, *, run_dir: Path | None = None,
                     model_stats={**shape_stats(spec), **record.extra})
     path = contract.save(run_dir)
     point_latest(run_dir)
-    return contract, path, record
+    # the saved contract carries its checksum (the in-memory one from lock() has none yet)
+    return Contract.load(path.parent), path, record

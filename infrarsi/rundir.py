@@ -9,6 +9,7 @@ A run folder is what ``infrarsi init`` creates and every later stage reads and w
     RUN/searcher_state.json   the searcher's saved state, for --resume (run)
     RUN/run_outcome.json      verdicts and the promotion (run, at its end)
     RUN/run.lock              the pid of the live run driver (run)
+    RUN/ray_session.json      the tag of the Ray processes the driver started, for cleanup (run)
     RUN/bank.sqlite           a local bank, when the configured one was unreachable
     RUN/report/               report.md, report.html, plots (report)
     <home>/runs/LATEST        the path of the last initialized run (see infrarsi._home)
@@ -30,7 +31,7 @@ from infrarsi.errors import ContractError, InfraRSIError
 
 __all__ = [
     "CONTRACT_FILE", "DOCTOR_FILE", "LATEST_POINTER", "LOCAL_BANK_FILE", "LOCK_FILE",
-    "OUTCOME_FILE", "PATCHES_FILE", "REPORT_DIR", "RUN_FILE", "STATE_FILE", "TUNE_DIR",
+    "OUTCOME_FILE", "PATCHES_FILE", "RAY_SESSION_FILE", "REPORT_DIR", "RUN_FILE", "STATE_FILE", "TUNE_DIR",
     "RunLockedError", "acquire_lock", "default_runs_root", "local_bank_url", "lock_holder",
     "point_latest", "read_json", "release_lock", "resolve_run_dir", "write_json",
 ]
@@ -42,6 +43,7 @@ PATCHES_FILE = "patches.json"
 STATE_FILE = "searcher_state.json"
 OUTCOME_FILE = "run_outcome.json"
 LOCK_FILE = "run.lock"
+RAY_SESSION_FILE = "ray_session.json"
 LOCAL_BANK_FILE = "bank.sqlite"
 REPORT_DIR = "report"
 TUNE_DIR = "tune"

@@ -31,7 +31,7 @@ from typing import Any
 
 from scipy import stats
 
-__all__ = ["DEFAULT_MDE", "DEFAULT_PAIRS", "MEDIAN_EFFICIENCY", "mde_at_pairs", "mde_for",
+__all__ = ["DEFAULT_MDE", "DEFAULT_PAIRS", "MIN_PAIRS", "MEDIAN_EFFICIENCY", "mde_at_pairs", "mde_for",
            "noise_model", "paired_speedup", "required_pairs", "required_steps"]
 
 MEDIAN_EFFICIENCY = math.pi / 2  # variance of a normal sample's median / variance of its mean
@@ -39,6 +39,11 @@ MAX_PAIRS = 50
 # Verification pairs by default (doctor's figure and `infrarsi run`): with 3 pairs the t
 # quantile alone (4.30) makes the floor ~2.3x what 5 pairs (2.78) give at the same noise.
 DEFAULT_PAIRS = 5
+# The fewest verification pairs `infrarsi run` accepts: one pair has no interval; two leave the
+# t interval one degree of freedom (95% quantile 12.7 against 4.3 for three), so the lower bound
+# clears the noise floor only for a candidate about exp(2 * 12.7 * sd / sqrt 2) faster (1.4x at
+# a 2% pair-to-pair noise): on measured machines, nothing is promoted.
+MIN_PAIRS = 3
 # The noise floor (a fraction) when no doctor run measured one, and doctor's default target.
 DEFAULT_MDE = 0.05
 MAX_STEPS = 10_000
@@ -116,8 +121,9 @@ def required_steps(sigma_b: float, sigma_w: float, pairs: int, target: float,
 
 def required_pairs(sigma_b: float, sigma_w: float, steps: int, target: float,
                    confidence: float = 0.95) -> int | None:
-    """Fewest verification pairs whose MDE at ``steps`` is at most ``target`` (None: > 50)."""
-    for n in range(2, MAX_PAIRS + 1):
+    """Fewest verification pairs whose MDE at ``steps`` is at most ``target`` (None: > 50);
+    never below ``MIN_PAIRS``, the fewest `infrarsi run` accepts."""
+    for n in range(MIN_PAIRS, MAX_PAIRS + 1):
         if mde_for(sigma_b, sigma_w, steps, n, confidence) <= target:
             return n
     return None

@@ -145,6 +145,7 @@ class LocalRayCluster:
         self.root = Path(root or tempfile.mkdtemp(prefix="irc-", dir="/tmp"))
         self.object_store_mib = object_store_mib
         self.port: int | None = None
+        self.dashboard_port: int | None = None
         self.nodes: dict[str, Node] = {}
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -161,11 +162,27 @@ class LocalRayCluster:
         return env
 
     def start_head(self, num_cpus: int = 1, memory_mib: int = 2048,
-                   resources: dict[str, float] | None = None, timeout: float = 90.0) -> Node:
+                   resources: dict[str, float] | None = None, timeout: float = 90.0,
+                   dashboard: bool = False) -> Node:
+        """``dashboard=True``: with the dashboard and its job server (``ray job submit``) on
+        127.0.0.1 at :attr:`dashboard_url`; needs ``ray[default]`` (the ``cluster`` extra)."""
         self.port = free_port()
-        args = ["--head", f"--port={self.port}", "--include-dashboard=false",
-                "--disable-usage-stats"]
+        args = ["--head", f"--port={self.port}", "--disable-usage-stats"]
+        if dashboard:
+            self.dashboard_port = free_port()
+            args += ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                     f"--dashboard-port={self.dashboard_port}",
+                     f"--dashboard-agent-listen-port={free_port()}",
+                     f"--dashboard-agent-grpc-port={free_port()}",
+                     f"--runtime-env-agent-port={free_port()}",
+                     f"--metrics-export-port={free_port()}"]
+        else:
+            args.append("--include-dashboard=false")
         return self._start("head", args, num_cpus, memory_mib, resources, timeout)
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
 
     def add_node(self, name: str, num_cpus: int = 1, memory_mib: int = 2048,
                  resources: dict[str, float] | None = None, timeout: float = 90.0) -> Node:

@@ -87,7 +87,7 @@ def test_patch_that_no_longer_applies_is_refused(tmp_path):
 def test_existing_branch_is_refused_and_cli_exit_code(tmp_path, capsys):
     run = make_run(tmp_path, "knobs")
     git(run.repo, "branch", "taken")
-    assert main(["apply", str(run.run_dir), "--bank-url", run.bank_url, "--branch", "taken"]) == 1
+    assert main(["apply", str(run.run_dir), "--bank-url", run.bank_url, "--branch", "taken"]) == 2  # a refusal is bad input (README, exit codes)
     assert "'taken' already exists" in capsys.readouterr().err
     assert main(["apply", str(run.run_dir), "--bank-url", run.bank_url]) == 0
     out = capsys.readouterr().out

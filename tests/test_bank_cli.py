@@ -31,5 +31,5 @@ def test_bank_cli_stats_query_export_import_upgrade(tmp_path, capsys):
     assert main(["bank", "query", "--url", url2, "--near", rid, "--json"]) == 0
     assert [n["record"]["trial_id"] for n in json.loads(capsys.readouterr().out)] == ["1", "2"]
     (tmp_path / "bundle" / "trials.parquet").write_bytes(b"garbage")
-    assert main(["bank", "import", str(tmp_path / "bundle"), "--url", url2]) == 1
+    assert main(["bank", "import", str(tmp_path / "bundle"), "--url", url2]) == 2  # a corrupt bundle is bad input
     assert "checksum mismatch" in capsys.readouterr().err

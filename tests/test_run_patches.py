@@ -237,7 +237,10 @@ def test_cli_run_has_no_patches(monkeypatch, run_dir):
         seen.update(kw)
         return run_stage.RunOutcome("r", 0, None)
 
-    monkeypatch.setattr(run_stage, "run_search", fake_run_search)
+    import infrarsi.api
+
+    # the CLI calls infrarsi.api.run, which holds its own reference to run_search
+    monkeypatch.setattr(infrarsi.api, "run_search", fake_run_search)
     cli.main(["run", "--budget", "1", "--run-dir", str(run_dir), "--no-patches"])
     assert seen["patches"] is False
     cli.main(["run", "--budget", "1", "--run-dir", str(run_dir)])
@@ -257,7 +260,7 @@ def test_a_run_verifies_searches_and_records_patches_on_cpu_dense(tmp_path, ray_
         "search.baseline.num_workers": 1})
     _, cpath, _ = init_task(path, local_mode=True)
     run_dir, url, lines = cpath.parent, f"sqlite:///{tmp_path / 'bank.sqlite'}", []
-    outcome = run_search(run_dir, budget=4, verify_top=1, pairs=2, local_mode=True,
+    outcome = run_search(run_dir, budget=4, verify_top=1, pairs=3, local_mode=True,
                          bank_url=url, progress=lines.append, use_experience=False)
     text = "\n".join(lines)
     assert "patch sdpa_attention (catalog): accepted" in text, text
@@ -314,7 +317,7 @@ def test_a_frozen_file_changed_mid_run_stops_the_search_at_the_next_trial(tmp_pa
             entry.write_text(entry.read_text() + "\n# edited mid-run: entry.py\n")
 
     with pytest.raises(FrozenFileChangedError, match="workspace/entry.py"):
-        run_search(cpath.parent, budget=4, pairs=2, local_mode=True, patches=False,
+        run_search(cpath.parent, budget=4, pairs=3, local_mode=True, patches=False,
                    bank_url=f"sqlite:///{tmp_path / 'bank.sqlite'}", progress=progress,
                    use_experience=False)
     state = json.loads((cpath.parent / STATE_FILE).read_text())

@@ -71,7 +71,7 @@ class BankCore:
         if seed and url is None:
             from infrarsi.bank._seed import ensure_seed
 
-            ensure_seed(bank)
+            ensure_seed(bank, announce=True)
         return bank
 
     def close(self) -> None:

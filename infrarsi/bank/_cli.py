@@ -1,7 +1,8 @@
 """``infrarsi bank stats|query|export|import|upgrade``; wired in by ``infrarsi.cli``.
 
 Each handler returns an exit code; a :class:`BankError` propagates to the main CLI, which
-prints its message (it says what to do) and exits non-zero.
+prints its message (it says what to do) and exits 2: for these commands a bank error is bad
+input (the URL, the bundle, the schema version).
 """
 
 from __future__ import annotations
@@ -135,13 +136,43 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    with _open(args) as bank:
-        summary = bank.import_bundle(args.path)
+    from infrarsi.bank import _bundle
+
+    # A refused import must leave no trace: the bundle is verified before the bank is opened
+    # (opening creates a new SQLite file), and a bank file this command created is removed if
+    # the merge fails after all.
+    _bundle.read_bundle(args.path)
+    new_file = _new_sqlite_file(args.url)
+    try:
+        with _open(args) as bank:
+            summary = bank.import_bundle(args.path)
+    except BaseException:
+        if new_file is not None:
+            new_file.unlink(missing_ok=True)
+        raise
     lines = [f"imported {args.path}:"] + [
         f"  {k:<15} {v['inserted']:>7,} new  {v['unchanged']:>7,} already here"
         f"  {v['updated']:>5,} updated" for k, v in summary.items()]
     _emit(args, summary, lines)
     return 0
+
+
+def _new_sqlite_file(url: str | None):
+    """The SQLite file ``url`` names when it does not exist yet (None otherwise)."""
+    from pathlib import Path
+
+    import sqlalchemy as sa
+
+    from infrarsi.bank._engine import default_url
+
+    try:
+        u = sa.engine.make_url(url or default_url())
+    except Exception:  # noqa: BLE001 - opening the bank reports a bad URL
+        return None
+    if not u.drivername.startswith("sqlite") or not u.database:
+        return None
+    path = Path(u.database)
+    return None if path.exists() else path
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:

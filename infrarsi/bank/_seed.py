@@ -4,6 +4,7 @@ experience_db/make_seed.py), imported into a bank the first time it is opened.""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,13 @@ def seed_dir() -> Path:
     return path
 
 
-def ensure_seed(bank: Any, path: Path | None = None) -> bool:
+def ensure_seed(bank: Any, path: Path | None = None, *, announce: bool = False) -> bool:
     """Import the seed bundle once per bank (marked in bank_meta); True if imported now.
 
     ``path`` None: the shipped bundle, which must be there (PackageDataError otherwise); a
-    ``path`` given without a manifest imports nothing."""
+    ``path`` given without a manifest imports nothing. ``announce``: say so on stderr, naming
+    the bank and the trials imported (a bank chosen through ``$INFRARSI_BANK_URL`` receives the
+    seed too, which its owner must be told)."""
     path = path or seed_dir()
     if not (path / _bundle.MANIFEST).is_file():
         return False
@@ -45,4 +48,11 @@ def ensure_seed(bank: Any, path: Path | None = None) -> bool:
                                  {"key": marker, "value": repr(time.time())}))
     log.info("bank: imported seed experience from %s: %s", path,
              {k: v["inserted"] for k, v in summary.items() if v["inserted"]})
+    if announce:
+        from infrarsi.bank._engine import redact
+
+        trials = summary.get("trials", {}).get("inserted", 0)
+        print(f"bank: imported the built-in seed experience ({trials} trials from {path}) into "
+              f"{redact(str(bank.url))}; this happens once per bank opened without an explicit "
+              "URL", file=sys.stderr)
     return True

@@ -27,6 +27,7 @@ from infrarsi.harness.pipeline import build_schedule, split_stages
 from infrarsi.harness.profile import memory_breakdown, no_phase, profile_step
 from infrarsi.harness.stats import count_stats, shape_dict
 from infrarsi.harness.tensor_parallel import apply_tensor_parallel
+from infrarsi.live import LiveState
 from infrarsi.trial import EARLY_STOP_CHECK_STEPS, clearly_slower
 from infrarsi.workloads.knobs import derived
 
@@ -247,14 +248,19 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
     run = _Run(spec, config, device)
     losses: list[torch.Tensor] = []
     clock = StepClock(device, guard=payload.get("step_guard"))
+    # the run's live view (rank 0 only): the loop sets a field, a thread writes the file, so
+    # no file I/O lands on a step's clock
+    live = LiveState(payload.get("progress_path") if rank == 0 else None)
     with load_entry(payload["workspace"], spec.workload.entry) as entry:
         try:
             if meter:
                 meter.start()
+            live.set("building")
             stats = run.build(entry)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             for s in range(timing.warmup_steps):
+                live.set("warm-up", s + 1, timing.warmup_steps)
                 with meter.step(s) if meter else nullcontext():
                     losses.append(run.step(s))
             peak = meter.stop() if meter else None
@@ -267,6 +273,7 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
                 losses.append(run.step(s))
                 if s < measured_end:
                     clock.mark()
+                    live.set("measuring", s + 1 - measured_from, timing.measured_steps)
                     if (slow_s and len(clock.marks) - 1 == EARLY_STOP_CHECK_STEPS
                             and len(losses) >= ref.steps and s + 1 < measured_end):
                         if _stop_on_every_rank(clock.durations(), slow_s, world, device):
@@ -274,6 +281,8 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
                                        "slower_than_s": slow_s}
                             break
                         clock.restart()  # the decision's collective is on no step's clock
+                else:
+                    live.set("loss reference", s + 1, total_steps)
         except Exception as e:
             if config["compile"] != "off" and mech.is_compile_error(e):
                 raise mech.CompileFailure(
@@ -283,6 +292,7 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
             raise
         finally:
             clock.close()
+            live.close()
             if meter:
                 meter.close()
         tampered = clock.check()

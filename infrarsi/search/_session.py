@@ -21,12 +21,15 @@ from infrarsi.rundir import (
     release_lock,
     write_json,
 )
+from infrarsi.space import config_key
 from infrarsi.stats import mde_at_pairs
-from infrarsi.trial import SoftwareVersions, TrialRecord
+from infrarsi.trial import ErrorKind, SoftwareVersions, TrialRecord
 
 __all__ = ["RunLockedError", "RunSession"]
 
-HEARTBEAT_S = 10.0
+# How often an open trial's bank row is touched: a trial in flight when the driver is killed is
+# charged the device time up to its last beat, so a short period loses little of it.
+HEARTBEAT_S = 2.0
 
 
 class RunSession:
@@ -58,6 +61,9 @@ class RunSession:
         self.findings: dict[str, Any] = {}  # doctor's digest for proposers (proposer_findings)
         self.patches: list = []  # verified patches searched as knobs (see use_patches)
         self.patch_conflicts: list[tuple[str, str, str]] = []
+        self.attempt = 1  # which driver of this run this is (1: the first; see run.json)
+        self.interrupted: list[str] = []  # trials the last driver left open, closed at resume
+        self.retry: list[tuple[dict, str]] = []  # (config, origin) of search trials to run again
         self._beats: dict[str, Any] = {}
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -69,6 +75,7 @@ class RunSession:
         session = cls(run_dir, contract, progress, local_mode, fresh_processes)
         session._lock()
         try:
+            session._reap_previous_ray()
             session._open_bank(bank_url)
             session._start_or_resume(resume)
             session._load_doctor()
@@ -127,11 +134,21 @@ class RunSession:
             self.spec.name, self.contract.sha256, self.backend.workload, self.backend.hardware,
             SoftwareVersions.current(), {"run_dir": str(self.run_dir.resolve())}, run_id=run_id)
         if resume:
+            self.attempt = int(previous.get("attempt", 1)) + 1
             closed = self.bank.close_stale_trials(self.run_id, older_than_s=0)
+            self.interrupted = closed
             if closed:
                 self.progress(f"resume: {len(closed)} trial(s) left open by the dead driver were "
-                              f"closed as interrupted: {', '.join(closed)}")
-        write_json(run_file, {"run_id": self.run_id})
+                              f"closed as interrupted (their device time up to the kill is "
+                              f"recorded; each is run again): {', '.join(closed)}")
+        write_json(run_file, {"run_id": self.run_id, "attempt": self.attempt})
+
+    def _reap_previous_ray(self) -> None:
+        """Stop the Ray processes a killed earlier driver of this run folder left behind."""
+        from infrarsi.search._ray_owner import reap_previous
+
+        for line in reap_previous(self.run_dir):
+            self.progress(line)
 
     def _load_doctor(self) -> None:
         entry = self.bank.latest_baseline(self.backend.workload, self.backend.hardware)
@@ -205,20 +222,41 @@ class RunSession:
         self.bank.save_state(self.run_id, "searcher", state)
 
     def restore_engine(self, engine, state_path: Path) -> None:
-        """Rebuild the searcher state; add bank trials the state missed (killed mid-save)."""
+        """Rebuild the searcher state; add bank trials the state missed (killed mid-save).
+
+        A trial the killed driver had in flight is not a measurement: it stays in the bank
+        (with the device time it used) but not among the engine's observations, so it costs
+        no budget, and its config is queued in ``self.retry`` to run first, unless a later
+        trial already measured that config."""
         state = self.bank.load_state(self.run_id, "searcher")
         if state is None and state_path.is_file():
             state = json.loads(state_path.read_text()).get("engine")
         if state is not None:
             engine.load_state_dict(state)
         engine.pending.clear()  # trials of the dead driver were closed as interrupted
+        engine.observations = [o for o in engine.observations if not _interrupted(o["record"])]
         known = {o["record"]["trial_id"] for o in engine.observations}
         origins = self.bank.trial_origins(self.run_id)
+        lost: dict[str, tuple[dict, str]] = {}
         for rec in self.bank.trials(self.run_id):
             origin = origins.get(rec.trial_id, "")
-            if rec.trial_id not in known and not origin.startswith("verify"):
+            if origin.startswith("verify") or rec.trial_id in known:
+                continue
+            if rec.error_kind is ErrorKind.INTERRUPTED:
+                lost[config_key(rec.config)] = (dict(rec.config), origin)
+            else:
                 engine.observations.append({"record": rec.to_dict(), "origin": origin})
-        self.progress(f"resume: {len(engine.observations)} trial(s) already done")
+        measured = {config_key(o["record"]["config"]) for o in engine.observations}
+        self.retry = [v for k, v in lost.items() if k not in measured]
+        self.progress(f"resume: {len(engine.observations)} trial(s) already done"
+                      + (f", {len(self.retry)} interrupted one(s) to run again"
+                         if self.retry else ""))
+
+    def verification_done(self) -> list[TrialRecord]:
+        """Every finished verification trial of this run (any driver), for the replay."""
+        origins = self.bank.trial_origins(self.run_id)
+        return [r for r in self.bank.trials(self.run_id)
+                if origins.get(r.trial_id, "").startswith("verify")]
 
     def promote(self, verdict) -> None:
         from infrarsi.patches import enabled_patches
@@ -239,9 +277,16 @@ class RunSession:
                                       "configure_logging": False}
             if not address:
                 kwargs["resources"] = {TRIAL_DRIVER_RESOURCE: 64}
+                from infrarsi.search._ray_owner import claim
+
+                claim(self.run_dir)  # so a next driver can stop what a killed one leaves
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 ray.init(address=address or None, **kwargs)
+            if not address:
+                from infrarsi.search._ray_owner import record_session
+
+                record_session(self.run_dir)
 
     def pool_name(self) -> str | None:
         """The name of this driver's warm worker pool, for Tune's trial processes (None with
@@ -262,6 +307,10 @@ class RunSession:
         # A cluster started without the custom resource: a sliver of memory keeps the trial's
         # placement bundle non-empty without taking a CPU from the workers.
         return {"cpu": 0, "memory": 1 << 20}
+
+
+def _interrupted(record: dict[str, Any]) -> bool:
+    return record.get("error_kind") == ErrorKind.INTERRUPTED.value
 
 
 # Started on the local Ray by the run stage (and documented for clusters in cluster/):

@@ -22,17 +22,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ray.tune import ProgressReporter
+
 from infrarsi.contract import Contract
-from infrarsi.errors import FrozenFileChangedError, InfraRSIError
-from infrarsi.rundir import OUTCOME_FILE, STATE_FILE, TUNE_DIR, write_json
+from infrarsi.errors import ConfigError, FrozenFileChangedError
+from infrarsi.live import live_path
+from infrarsi.rundir import OUTCOME_FILE, RUN_FILE, STATE_FILE, TUNE_DIR, read_json, write_json
 from infrarsi.search._patch_stage import prepare_patches, promoted_patches
 from infrarsi.search._progress import Progress
 from infrarsi.search._session import RunSession
+from infrarsi.search._verify_resume import ResumableVerification
 from infrarsi.search.engine import SearchEngine
 from infrarsi.search.searcher import InfraRSISearcher, split_stop_hint
 from infrarsi.search.verify import DEFAULT_MDE, Verdict, verify_candidate
 from infrarsi.space import config_key
-from infrarsi.stats import DEFAULT_PAIRS
+from infrarsi.stats import DEFAULT_PAIRS, MIN_PAIRS
 from infrarsi.trial import TrialRecord
 
 
@@ -52,6 +56,8 @@ class RunOutcome:
     # the patches the promoted config turns on: id, origin, files, digest, diff
     promoted_patches: list[dict[str, Any]] = field(default_factory=list)
     run_dir: Path | None = None
+    # True when ``--resume`` found the run already finished and ran nothing (not serialized)
+    already_finished: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +70,22 @@ class RunOutcome:
             "verified_patches": self.verified_patches,
             "promoted_patches": self.promoted_patches,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], run_dir: Path | None = None,
+                  already_finished: bool = False) -> RunOutcome:
+        def verdict(v: dict[str, Any] | None) -> Verdict | None:
+            if v is None:
+                return None
+            return Verdict(**{**v, "pairs": [tuple(p) for p in v.get("pairs", [])]})
+
+        return cls(d["run_id"], int(d["trials"]),
+                   TrialRecord.from_dict(d["best"]) if d.get("best") else None,
+                   verdicts=[verdict(v) for v in d.get("verdicts", [])],
+                   promoted=verdict(d.get("promoted")), stop_reason=d.get("stop_reason"),
+                   verified_patches=list(d.get("verified_patches", [])),
+                   promoted_patches=list(d.get("promoted_patches", [])), run_dir=run_dir,
+                   already_finished=already_finished)
 
     @property
     def speedup(self) -> float | None:
@@ -96,6 +118,10 @@ def _trainable(config: dict[str, Any], *, spec_dict: dict[str, Any], run_dir: st
         backend = PatchedBackend.ray_train(backend, [Patch.from_dict(p) for p in patches],
                                            conflicts=[tuple(c) for c in conflicts or ()])
     trial_id = tune.get_context().get_trial_id()
+    from infrarsi.live import PROGRESS_ENV, live_path, write_state
+
+    os.environ[PROGRESS_ENV] = str(live_path(run_dir, trial_id))  # the view's state file
+    write_state(os.environ[PROGRESS_ENV], "starting")
     config, stop_slower_than_s = split_stop_hint(config)
     record = backend.execute(config, trial_id=trial_id, stop_slower_than_s=stop_slower_than_s)
     tune.report({"objective": backend.objective(record) or 0.0, "record": record.to_dict(),
@@ -114,8 +140,13 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
     Trials run in a warm pool of worker groups reused across trials of the same process-level
     settings; ``fresh_processes=True`` (``--fresh-processes``) starts new ones for every trial."""
     if budget < 1:
-        raise InfraRSIError(f"--budget {budget}: give at least 1 trial")
+        raise ConfigError(f"--budget {budget}: give at least 1 trial")
+    check_pairs(pairs)
     run_dir = Path(run_dir).resolve()  # trials run with their own working directory
+    if resume and (done := finished_outcome(run_dir)) is not None:
+        progress(f"run {done.run_id} in {run_dir} is finished: nothing to resume "
+                 f"({done.trials} trials; see {run_dir / OUTCOME_FILE}, or `infrarsi report`)")
+        return done
     with RunSession.open(run_dir, resume=resume, bank_url=bank_url, local_mode=local_mode,
                          progress=progress, fresh_processes=fresh_processes) as session:
         setup = prepare_patches(session, enabled=patches, resume=resume, proposer=proposer)
@@ -124,11 +155,15 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
         state_path = run_dir / STATE_FILE
         if resume:
             session.restore_engine(engine, state_path)
-        table = Progress(progress, baseline_step_s=session.baseline_step_s)
+        table = Progress(progress, baseline_step_s=session.baseline_step_s,
+                         baseline_config=session.backend.baseline_config())
         done = len(engine.observations)
         if done < budget and not engine.stop_reason:
-            table.header(budget, engine.n_init)
+            table.header(budget, engine.n_init, done=done, verify_trials=2 * pairs * verify_top)
             _tune(session, engine, budget - done, state_path, table, max_concurrent)
+        elif session.retry:
+            session.progress(f"resume: the budget is spent; {len(session.retry)} interrupted "
+                             "trial(s) not run again")
         best = engine.best()
         if engine.stop_reason:
             progress(f"search stopped: {engine.stop_reason}")
@@ -173,6 +208,7 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
 
     def on_record(trial_id: str, record: TrialRecord, origin: str, live: dict | None) -> None:
         session.record(record, origin)
+        live_path(session.run_dir, trial_id).unlink(missing_ok=True)  # its live state is over
         if origin.startswith("seed:baseline") and record.ok:
             session.baseline_step_s = table.baseline_step_s = record.step_time_s
         table.row(len(engine.observations), record, origin, live)
@@ -185,7 +221,8 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
             searcher.halt(str(e))
 
     searcher = InfraRSISearcher(engine, state_path=state_path, on_record=on_record,
-                                on_suggest=session.open_trial, early_stop=True)
+                                on_suggest=session.open_trial, early_stop=True,
+                                retry=session.retry[:n])
     trainable = tune.with_parameters(_trainable, spec_dict=session.spec.to_dict(),
                                      run_dir=str(session.run_dir), local_mode=session.local_mode,
                                      patches=[p.to_dict() for p in session.patches],
@@ -205,9 +242,18 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
             name=f"infrarsi-{session.run_id}-{int(time.time())}",
             storage_path=str((session.run_dir / TUNE_DIR).resolve()), verbose=0, log_to_file=False,
             failure_config=tune.FailureConfig(max_failures=0),
+            # Tune's own reporter is off: in a notebook it clear_output()s the cell, erasing
+            # our table's header and the lines before it
+            progress_reporter=_NoTuneOutput(),
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False)),
     )
-    with warnings.catch_warnings():
+
+    def running() -> list[tuple[str, int, str, dict, float]]:
+        return [(tid, len(engine.observations) + 1 + j, live["origin"], live["config"],
+                 live.get("started", time.time()))
+                for j, (tid, live) in enumerate(list(searcher._live.items()))]  # noqa: SLF001
+
+    with warnings.catch_warnings(), _LiveView(table, session.run_dir, running):
         warnings.simplefilter("ignore")
         tuner.fit()
     del ray
@@ -239,11 +285,92 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
         session.progress(f"noise floor for {pairs} verification pairs (doctor's noise model): "
                          f"promote when the speedup's 95% lower bound exceeds {1 + mde:.3f}")
     verdicts = []
+    # A resumed run replays the pairs an earlier driver finished and measures the rest under
+    # new trial ids (see _verify_resume); every trial it runs heartbeats in the bank and
+    # writes its live state, which the view shows while it runs.
+    backend = ResumableVerification(session.backend, session.verification_done(),
+                                    attempt=session.attempt, open_trial=session.open_trial,
+                                    record=session.record, live_dir=session.run_dir)
     for i, cand in enumerate(candidates):
-        table.note(f"verifying candidate {i + 1}/{len(candidates)} with {pairs} interleaved pairs")
-        v = verify_candidate(session.backend, baseline, cand, pairs=pairs, mde=mde,
-                             tag=f"verify{i}", max_pairs=2 * pairs,
-                             on_record=lambda rec, origin: session.record(rec, origin))
+        table.verify_start(i + 1, len(candidates), pairs, cand)
+        last: dict[str, TrialRecord] = {}
+
+        def on_record(rec: TrialRecord, origin: str, _last=last) -> None:
+            # (the wrapper wrote each trial to the bank when it finished)
+            replayed = rec.trial_id in backend.replayed_ids
+            _last[origin] = rec
+            if origin == "verify:candidate" and "verify:baseline" in _last:
+                table.verify_pair(_last["verify:baseline"], rec, bar=1 + mde, replayed=replayed)
+
+        with _LiveView(table, session.run_dir, backend.running):
+            v = verify_candidate(backend, baseline, cand, pairs=pairs, mde=mde,
+                                 tag=f"verify{i}", max_pairs=2 * pairs, on_record=on_record)
         table.note(("PROMOTABLE: " if v.promoted else "not promoted: ") + v.reason)
         verdicts.append(v)
+    if backend.replayed:
+        session.progress(f"resume: {backend.replayed} verification trial(s) of the earlier "
+                         "driver kept (their pairs were complete); the rest measured anew")
     return verdicts
+
+
+def check_pairs(pairs: int) -> None:
+    """Refuse a ``--pairs`` with which nothing could ever be promoted (raises ConfigError).
+
+    See ``infrarsi.stats.MIN_PAIRS`` for why the smallest useful number is 3."""
+    if pairs < MIN_PAIRS:
+        raise ConfigError(f"--pairs {pairs}: with fewer than {MIN_PAIRS} interleaved pairs no "
+                          f"candidate can ever be promoted; give --pairs {MIN_PAIRS} or more "
+                          f"(default {DEFAULT_PAIRS})")
+
+
+def finished_outcome(run_dir: Path) -> RunOutcome | None:
+    """The outcome of the run recorded in ``run_dir`` when it finished, else None."""
+    run = read_json(run_dir / RUN_FILE)
+    data = read_json(run_dir / OUTCOME_FILE)
+    if not run or not data or data.get("run_id") != run.get("run_id"):
+        return None
+    return RunOutcome.from_dict(data, run_dir=run_dir, already_finished=True)
+
+
+class _LiveView:
+    """While a phase runs, a thread shows each running trial's state every ``every_s``
+    seconds (read from its live file, see :mod:`infrarsi.live`). ``running()`` lists
+    ``(trial_id, n, origin, config, started)`` of the trials in flight."""
+
+    def __init__(self, table: Progress, run_dir: Path, running: Callable[[], list],
+                 every_s: float = float(os.environ.get("INFRARSI_LIVE_EVERY_S", 10.0))) -> None:
+        import threading
+
+        self.table, self.run_dir, self.running, self.every_s = table, run_dir, running, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="infrarsi-view")
+
+    def __enter__(self) -> _LiveView:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        from infrarsi.live import live_path, read_state
+
+        while not self._stop.wait(self.every_s):
+            try:
+                for tid, n, origin, config, started in self.running():
+                    self.table.running(n, origin, config, read_state(live_path(self.run_dir, tid)),
+                                       started)
+            except Exception:  # noqa: BLE001, S112 - the view must never stop a run
+                continue
+
+
+
+class _NoTuneOutput(ProgressReporter):
+    """Tune's progress reporter that never reports (the run's own table is the output)."""
+
+    def should_report(self, trials, done: bool = False) -> bool:
+        return False
+
+    def report(self, trials, done: bool, *sys_info: str) -> None:
+        return None

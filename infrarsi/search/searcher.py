@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +75,15 @@ class InfraRSISearcher(Searcher):
     ``early_stop=True`` adds the engine's early-stop hint to each suggested config (under
     ``STOP_HINT_KEY``; the trainable passes it on, see :func:`split_stop_hint`), so a trial
     clearly slower than the best so far stops after a few measured steps.
+    ``retry`` (optional): ``(config, origin)`` pairs suggested before the engine's own, each
+    once (a resumed run's trials the killed driver had in flight); their origin gains
+    ``:resumed``.
     """
 
     def __init__(self, engine: SearchEngine, *, metric: str = "objective", mode: str = "max",
                  state_path: str | os.PathLike | None = None, on_record=None,
-                 on_suggest=None, early_stop: bool = False) -> None:
+                 on_suggest=None, early_stop: bool = False,
+                 retry: list[tuple[dict[str, Any], str]] | None = None) -> None:
         super().__init__(metric=metric, mode=mode)
         self.early_stop = early_stop
         self.engine = engine
@@ -88,6 +93,7 @@ class InfraRSISearcher(Searcher):
         self._live: dict[str, dict[str, Any]] = {}  # trial_id -> suggestion summary
         self._last: dict[str, dict[str, Any]] = {}  # trial_id -> last result reported
         self.halted: str | None = None  # see halt()
+        self.retry = list(retry or [])
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         if metric:
@@ -106,16 +112,30 @@ class InfraRSISearcher(Searcher):
     def suggest(self, trial_id: str) -> Config | str | None:
         if self.halted:
             return Searcher.FINISHED
+        if self.retry:
+            return self._suggest_retry(trial_id)
         sug = self.engine.suggest(trial_id)
         if sug is None:
             return Searcher.FINISHED
         self._live[trial_id] = {"config": sug.config, "origin": sug.origin,
-                                "predicted": sug.predicted, "pairing": sug.pairing}
+                                "predicted": sug.predicted, "pairing": sug.pairing,
+                                "started": time.time()}
         if self.on_suggest is not None:
             self.on_suggest(trial_id, sug.config, sug.origin)
         if self.early_stop and sug.stop_slower_than_s:
             return {**sug.config, STOP_HINT_KEY: sug.stop_slower_than_s}
         return dict(sug.config)
+
+    def _suggest_retry(self, trial_id: str) -> Config:
+        """The next interrupted trial's config, as it was (the engine sees it as pending)."""
+        config, origin = self.retry.pop(0)
+        origin = origin if origin.endswith(":resumed") else f"{origin}:resumed"
+        self.engine.pending[trial_id] = dict(config)
+        self._live[trial_id] = {"config": dict(config), "origin": origin, "predicted": {},
+                                "pairing": None, "started": time.time()}
+        if self.on_suggest is not None:
+            self.on_suggest(trial_id, dict(config), origin)
+        return dict(config)
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         self._last[trial_id] = result

@@ -31,6 +31,7 @@ from infrarsi.backends.ray_train._runner import (
 from infrarsi.contract import Contract, TaskSpec
 from infrarsi.errors import ConfigError
 from infrarsi.harness.clock import true_step_times
+from infrarsi.live import PROGRESS_ENV
 from infrarsi.space import SearchSpace
 from infrarsi.trial import (
     ErrorKind,
@@ -174,6 +175,8 @@ class RayTrainBackend(Backend):
             "workspace_files": read_workspace(self.workspace),
             "capacity_bytes": capacity,
             **({"profile": True} if self.profile else {}),
+            # where rank 0 writes its live state for the run's view (infrarsi.live)
+            **({"progress_path": p} if (p := os.environ.get(PROGRESS_ENV)) else {}),
         }
 
     def execute(self, config: Mapping[str, Any], *, trial_id: str | None = None,
