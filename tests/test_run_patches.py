@@ -237,10 +237,8 @@ def test_cli_run_has_no_patches(monkeypatch, run_dir):
         seen.update(kw)
         return run_stage.RunOutcome("r", 0, None)
 
-    import infrarsi.api
-
-    # the CLI calls infrarsi.api.run, which holds its own reference to run_search
-    monkeypatch.setattr(infrarsi.api, "run_search", fake_run_search)
+    # the CLI calls infrarsi.api.run, which calls run_stage.run_search through the module
+    monkeypatch.setattr(run_stage, "run_search", fake_run_search)
     cli.main(["run", "--budget", "1", "--run-dir", str(run_dir), "--no-patches"])
     assert seen["patches"] is False
     cli.main(["run", "--budget", "1", "--run-dir", str(run_dir)])
