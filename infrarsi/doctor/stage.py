@@ -7,7 +7,8 @@ below) goes to the bank with ``record_baseline`` and to ``doctor.json`` in the r
 
 Payload keys the later stages read: ``baseline_step_s`` and ``noise["mde"]`` (the run stage's
 verifier threshold), ``profile["fractions"]``, ``mfu``, ``matmul`` (CPU: measured fp32 and bf16
-matmul FLOP/s), ``findings`` (report); :func:`proposer_findings` is the proposers' digest.
+matmul FLOP/s), ``contention`` (was the machine busy during the repeats:
+:mod:`infrarsi.doctor.contention`), ``findings`` (report); :func:`proposer_findings` is the proposers' digest.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi.contract import Contract, resolve_run_dir
-from infrarsi.doctor.findings import bottleneck_findings
+from infrarsi.doctor.contention import ContentionProbe
+from infrarsi.doctor.findings import bottleneck_findings, contention_finding
 from infrarsi.doctor.mfu import compute_mfu, matmul_speeds
 from infrarsi.doctor.noise import DEFAULT_PAIRS, noise_model
 from infrarsi.doctor.profile import summarize_profile
@@ -76,21 +78,28 @@ def run_doctor(run_dir: str | Path | None = None, *, repeats: int = 3, pairs: in
                             {"run_dir": str(Path(run_dir).resolve()), "stage": "doctor"})
     config = backend.baseline_config()
     records: list[TrialRecord] = []
+    probe = ContentionProbe()
     try:
-        for i in range(repeats):
-            rec = backend.execute(config, trial_id=f"doctor-{i}")
-            bank.record_trial(run_id, rec, origin=ORIGIN)
-            records.append(rec)
-            out(f"baseline {i + 1}/{repeats}: {rec.summary()}")
-            if not rec.ok:
-                break
+        with probe:  # is other work sharing the machine while the repeats run?
+            for i in range(repeats):
+                rec = backend.execute(config, trial_id=f"doctor-{i}")
+                probe.sample_ours()
+                bank.record_trial(run_id, rec, origin=ORIGIN)
+                records.append(rec)
+                out(f"baseline {i + 1}/{repeats}: {rec.summary()}")
+                if not rec.ok:
+                    break
         problem = _unusable(records, contract, config)
         if problem:
             _save(run_dir, {"status": "failed", "error": problem, "run_id": run_id,
                             "records": [r.trial_id for r in records]})
             bank.finish_run(run_id, "failed")
             raise BaselineUnusableError(problem)
-        payload = _finite(_payload(records, contract, backend, config, pairs, target_mde))
+        payload = _payload(records, contract, backend, config, pairs, target_mde)
+        payload["contention"] = probe.result
+        if probe.result.get("contended"):
+            payload["findings"].insert(0, contention_finding(probe.result))
+        payload = _finite(payload)
         payload["run_id"] = run_id
         bank.record_baseline(run_id, payload, origin="doctor")
         bank.finish_run(run_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from typing import Any
 import psutil
 
 from infrarsi.contract import Contract
-from infrarsi.doctor.noise import mde_at_pairs
+from infrarsi.doctor.noise import mde_at_pairs, noise_model
 from infrarsi.doctor.stage import proposer_findings
 from infrarsi.errors import BankError, InfraRSIError
 from infrarsi.trial import SoftwareVersions, TrialRecord
@@ -20,6 +21,16 @@ from infrarsi.trial import SoftwareVersions, TrialRecord
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"
 HEARTBEAT_S = 10.0
+
+
+def baseline_drift(step_s: float, doctor_step_s: float | None,
+                   trial_cv: float | None) -> dict[str, Any]:
+    """A baseline sentinel against doctor's baseline: ``drift`` (relative; None without doctor)
+    and ``notable`` (beyond twice one trial's noise, doctor's ``trial_cv``, on the log scale)."""
+    drift = step_s / doctor_step_s - 1.0 if doctor_step_s else None
+    notable = drift is not None and trial_cv is not None and abs(math.log1p(drift)) > 2 * trial_cv
+    return {"step_s": step_s, "doctor_step_s": doctor_step_s, "drift": drift,
+            "trial_cv": trial_cv, "notable": notable}
 
 
 class RunLockedError(InfraRSIError):
@@ -53,6 +64,10 @@ class RunSession:
         self.findings: dict[str, Any] = {}  # doctor's digest for proposers (proposer_findings)
         self.patches: list = []  # verified patches searched as knobs (see use_patches)
         self.patch_conflicts: list[tuple[str, str, str]] = []
+        self.doctor_baseline_step_s: float | None = None  # doctor's figure, kept for drift
+        self.doctor_contended = False  # doctor's repeats ran on a busy machine (its findings)
+        self.sentinels: list[dict[str, Any]] = []  # see sentinel_measured
+        self._sentinel_series: list[list[float]] = []
         self._beats: dict[str, Any] = {}
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -142,6 +157,13 @@ class RunSession:
         self.noise = noise if noise.get("mde") is not None else None
         self.findings = proposer_findings(entry.payload)
         self.baseline_step_s = entry.payload.get("baseline_step_s") or noise.get("baseline_step_s")
+        self.doctor_baseline_step_s = self.baseline_step_s
+        self.doctor_contended = bool((entry.payload.get("contention") or {}).get("contended"))
+        if self.doctor_contended:
+            self.progress("doctor measured the baseline on a busy machine ("
+                          + entry.payload["contention"].get("summary", "contention") + "): the "
+                          "run re-measures the baseline twice before searching and re-estimates "
+                          "the noise from those trials")
         ids = set(entry.payload.get("records") or ())
         try:
             self.baseline_records = [r for r in self.bank.trials(run_id=entry.run_id)
@@ -156,6 +178,27 @@ class RunSession:
         return None if self.noise is None else mde_at_pairs(self.noise, pairs)
 
     # ---- during the run ---------------------------------------------------------------
+    def sentinel_measured(self, record: TrialRecord, table) -> None:
+        """A baseline sentinel finished: the progress table reads speedups against it from now
+        on; its drift from doctor's baseline is reported (and kept for ``run_outcome.json``);
+        after two sentinels on a run whose doctor ran under contention, the noise model is
+        re-estimated from them."""
+        if not record.ok or not record.step_time_s:
+            table.note(f"baseline sentinel {record.trial_id} was {record.status.value}: the "
+                       "table keeps its earlier baseline")
+            return
+        drift = baseline_drift(record.step_time_s, self.doctor_baseline_step_s,
+                               (self.noise or {}).get("trial_cv"))
+        self.sentinels.append({"trial_id": record.trial_id, **drift})
+        table.baseline_step_s = self.baseline_step_s = record.step_time_s
+        table.sentinel(drift)
+        if self.doctor_contended and record.step_times_s:
+            self._sentinel_series.append(list(record.step_times_s))
+            if len(self._sentinel_series) == 2:
+                self.noise = {**noise_model(self._sentinel_series), "source": "run sentinels"}
+                table.note(f"noise re-estimated from the sentinels (doctor's was taken under "
+                           f"contention): trial CV {self.noise['trial_cv']:.1%}")
+
     def experience(self) -> list[TrialRecord]:
         """Finished trials of other runs, nearest signatures first (this run excluded)."""
         try:
@@ -218,7 +261,7 @@ class RunSession:
         origins = self.bank.trial_origins(self.run_id)
         for rec in self.bank.trials(self.run_id):
             origin = origins.get(rec.trial_id, "")
-            if rec.trial_id not in known and not origin.startswith("verify"):
+            if rec.trial_id not in known and not origin.startswith(("verify", "sentinel")):
                 engine.observations.append({"record": rec.to_dict(), "origin": origin})
         self.progress(f"resume: {len(engine.observations)} trial(s) already done")
 

@@ -8,7 +8,7 @@ verified ones join the space as ``patch:<id>`` bool knobs -> seed the engine wit
 through the backend (in a patched copy of the workspace when patch knobs are on); every
 finished trial is written to the bank and to the progress table, the searcher state is saved
 after each -> the top candidates are re-measured interleaved with the baseline and the best one
-that clears doctor's noise floor is promoted (with the patches it turns on).
+whose paired lower bound clears 1 + verify.min_effect is promoted (with the patches it turns on).
 """
 
 from __future__ import annotations
@@ -30,13 +30,22 @@ from infrarsi.search._patch_stage import prepare_patches, promoted_patches
 from infrarsi.search._progress import Progress
 from infrarsi.search._session import RunSession
 from infrarsi.search.engine import SearchEngine
-from infrarsi.search.searcher import InfraRSISearcher, split_stop_hint
-from infrarsi.search.verify import DEFAULT_MDE, Verdict, verify_candidate
+from infrarsi.search.searcher import SENTINEL_ORIGIN, InfraRSISearcher, split_stop_hint
+from infrarsi.search.verify import (
+    DEFAULT_MDE,
+    FALSE_PROMOTION_RATE,
+    Verdict,
+    plan_pairs,
+    verify_candidate,
+)
 from infrarsi.space import config_key
 from infrarsi.trial import TrialRecord
 
 STATE_FILE = "searcher_state.json"
 OUTCOME_FILE = "run_outcome.json"
+# The baseline is re-measured (a sentinel trial, not counted in the budget) every this many
+# search trials, so the progress table's speedups are against a recent baseline.
+SENTINEL_EVERY = 5
 
 
 @dataclass
@@ -50,6 +59,8 @@ class RunOutcome:
     verified_patches: list[str] = field(default_factory=list)
     # the patches the promoted config turns on: id, origin, files, digest, diff
     promoted_patches: list[dict[str, Any]] = field(default_factory=list)
+    # the baseline sentinels measured during the search and their drift from doctor's baseline
+    sentinels: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +72,7 @@ class RunOutcome:
             "stop_reason": self.stop_reason,
             "verified_patches": self.verified_patches,
             "promoted_patches": self.promoted_patches,
+            "sentinels": self.sentinels,
         }
 
 
@@ -96,7 +108,7 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
                bank_url: str | None = None, progress: Callable[[str], None] = print,
                use_experience: bool = True, patches: bool = True,
                proposer: Any = None) -> RunOutcome:
-    """Search ``budget`` trials, verify the best, promote what clears the noise floor.
+    """Search ``budget`` trials, verify the best, promote what clears ``1 + verify.min_effect``.
 
     ``patches=False`` searches launch knobs only (``--no-patches``); ``proposer`` overrides the
     one the task spec implies (LLM when it has an ``llm:`` section, else expert)."""
@@ -118,7 +130,8 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
             _tune(session, engine, budget - done, state_path, table, max_concurrent)
         outcome = RunOutcome(session.run_id, len(engine.observations), None,
                              stop_reason=engine.stop_reason,
-                             verified_patches=[p.id for p in session.patches])
+                             verified_patches=[p.id for p in session.patches],
+                             sentinels=list(session.sentinels))
         best = engine.best()
         outcome.best = best[0] if best else None
         if engine.stop_reason:
@@ -160,6 +173,8 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         session.record(record, origin)
         if origin.startswith("seed:baseline") and record.ok:
             session.baseline_step_s = table.baseline_step_s = record.step_time_s
+        if origin == SENTINEL_ORIGIN:
+            session.sentinel_measured(record, table)
         table.row(len(engine.observations), record, origin, live)
         session.save_state(engine.state_dict())
         # Every trial re-hashes the frozen files and fails when one changed; stop at the first
@@ -169,8 +184,16 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         except FrozenFileChangedError as e:
             searcher.halt(str(e))
 
+    # A doctor baseline is re-measured as a sentinel every SENTINEL_EVERY trials (twice first
+    # when doctor measured it on a busy machine); without one the seed baseline is measured.
+    sentinel = session.backend.baseline_config() if session.baseline_step_s else None
+    first = 2 if sentinel is not None and session.doctor_contended else 0
     searcher = InfraRSISearcher(engine, state_path=state_path, on_record=on_record,
-                                on_suggest=session.open_trial, early_stop=True)
+                                on_suggest=session.open_trial, early_stop=True,
+                                sentinel=sentinel, sentinel_every=SENTINEL_EVERY,
+                                sentinel_first=first, search_trials=n)
+    if sentinel is not None:
+        n += first + n // SENTINEL_EVERY
     trainable = tune.with_parameters(_trainable, spec_dict=session.spec.to_dict(),
                                      run_dir=str(session.run_dir), local_mode=session.local_mode,
                                      patches=[p.to_dict() for p in session.patches],
@@ -209,24 +232,44 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
         key = config_key(r.config)
         if v is not None and key != config_key(baseline) and v > ranked.get(key, (0.0, {}))[0]:
             ranked[key] = (v, r.config)
-    candidates = [c for _, c in sorted(ranked.values(), key=lambda t: -t[0])[:top]]
+    ranked_top = sorted(ranked.values(), key=lambda t: -t[0])[:top]
+    candidates = [c for _, c in ranked_top]
     if not candidates:
         session.progress("verification: no candidate faster than nothing to verify")
         return []
-    mde = session.noise_floor(pairs)
-    if mde is None:
-        mde = DEFAULT_MDE
-        session.progress(f"no doctor noise model for this workload: using a {DEFAULT_MDE:.0%} "
-                         "noise floor (run `infrarsi doctor` for a measured one)")
-    else:
-        session.progress(f"noise floor for {pairs} verification pairs (doctor's noise model): "
-                         f"promote when the speedup's 95% lower bound exceeds {1 + mde:.3f}")
+    min_effect = session.spec.verify.min_effect
+    noise = session.noise
+    session.progress(f"promotion rule: the speedup's one-sided lower bound from the verification's "
+                     f"own pairs must exceed 1 + verify.min_effect = {1 + min_effect:.3f} "
+                     f"(false-promotion rate <= {FALSE_PROMOTION_RATE:.0%} over all looks)")
+    if noise is None:
+        session.progress("no doctor noise model for this workload: planning the default pairs "
+                         "(run `infrarsi doctor` to plan from a measured one)")
+    baseline_obj = _baseline_objective(engine, baseline)
     verdicts = []
-    for i, cand in enumerate(candidates):
-        table.note(f"verifying candidate {i + 1}/{len(candidates)} with {pairs} interleaved pairs")
-        v = verify_candidate(session.backend, baseline, cand, pairs=pairs, mde=mde,
-                             tag=f"verify{i}", max_pairs=2 * pairs,
+    for i, (obj, cand) in enumerate(ranked_top):
+        expected = obj / baseline_obj if baseline_obj else None
+        planned = plan_pairs(noise, min_effect=min_effect, expected_speedup=expected,
+                             default=pairs, cap=4 * pairs)
+        mde = session.noise_floor(planned)
+        plan = (f"; doctor's MDE at {planned} pairs {mde:.1%} (planning only)"
+                if mde is not None else "")
+        table.note(f"verifying candidate {i + 1}/{len(candidates)}: {planned} interleaved pairs "
+                   f"planned, up to {2 * planned} while the verdict is open{plan}")
+        v = verify_candidate(session.backend, baseline, cand, pairs=planned,
+                             mde=mde if mde is not None else DEFAULT_MDE, min_effect=min_effect,
+                             tag=f"verify{i}", max_pairs=2 * planned,
                              on_record=lambda rec, origin: session.record(rec, origin))
         table.note(("PROMOTABLE: " if v.promoted else "not promoted: ") + v.reason)
         verdicts.append(v)
     return verdicts
+
+
+def _baseline_objective(engine: SearchEngine, baseline: dict) -> float | None:
+    """The search's own measure of the baseline (its best ok trial of the baseline config, or
+    doctor's repeats the engine was seeded with), for planning the verification's pairs."""
+    key = config_key(baseline)
+    vals = [engine.objective(r) for r in [*engine.records, *engine.baseline_records]
+            if config_key(r.config) == key]
+    vals = [v for v in vals if v]
+    return sorted(vals)[len(vals) // 2] if vals else None
