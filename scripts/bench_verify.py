@@ -14,8 +14,16 @@ from the verification's own pairs > 1 + min_effect, Pocock-type alpha spending o
     two configs: how often the loaded verdicts promote and how far their estimate is from the
     quiet one.
 
+(c) Many more A/A verdicts on the simulator, its machine noise fitted to the real A/A trials
+    (``infrarsi.backends.simulator.noise.fit_noise``: step jitter, stalled steps, per-trial
+    shifts, a slow load drift): ``--sim-aa`` verdicts through ``verify_candidate`` (how many
+    promote), and ``--sim-ab`` verdicts of the simulator config whose noise-free speedup is
+    nearest ``--sim-effect`` (how many promote: the power at that effect on this noise).
+    ``--calibrate FILE.json`` reads the real trials from an earlier ``--out`` and runs (c) only.
+
     .venv/bin/python scripts/bench_verify.py [--task cpu_dense] [--aa 3] [--ab 2] [--pairs 5]
         [--max-pairs 10] [--candidate micro_batch_size=4] [--load-cores 1] [--out FILE.json]
+        [--sim-aa 2000] [--sim-ab 500] [--sim-effect 1.10] [--calibrate FILE.json]
 """
 
 from __future__ import annotations
@@ -60,6 +68,12 @@ def resampled_rate(log_ratios: list[float], *, pairs: int, max_pairs: int, min_e
     return promoted / n
 
 
+def _whole_pairs(trials: list) -> list:
+    """The trials of pairs whose two trials both measured (A/A pairs in order)."""
+    return [t for i in range(0, len(trials) - 1, 2) if trials[i] and trials[i + 1]
+            for t in (trials[i], trials[i + 1])]
+
+
 def _load(cores: int, seconds: float) -> list[subprocess.Popen]:
     code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(cores)]
@@ -72,10 +86,66 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         p.wait(timeout=10)
 
 
-def _row(tag: str, v, wall: float) -> dict:
+def _row(tag: str, v, wall: float, trials: list | None = None) -> dict:
     return {"tag": tag, "promoted": v.promoted, "speedup": v.speedup, "lower": v.ci_low,
             "pairs": len(v.pairs), "wall_s": wall, "reason": v.reason,
-            "log_ratios": [math.log(b / c) for b, c in v.pairs]}
+            "log_ratios": [math.log(b / c) for b, c in v.pairs],
+            # every trial's measured steps in the order they ran (A, B, A, B ...): (c) fits these
+            "trials": trials or []}
+
+
+def _steps_of(trials: list):
+    return lambda rec, origin: trials.append(list(rec.step_times_s) if rec.ok else None)
+
+
+def simulated(trials: list[list[float]], *, n_aa: int, n_ab: int, effect: float, pairs: int,
+              max_pairs: int, min_effect: float) -> dict:
+    """(c): A/A and A/B verdicts on the simulator with the noise fitted to ``trials``."""
+    from infrarsi.backends.simulator import SimulatorBackend
+    from infrarsi.backends.simulator.noise import fit_noise
+    from infrarsi.backends.simulator.params import SimParams
+    from infrarsi.search.verify import verify_candidate
+
+    fit = fit_noise(trials)
+    params = SimParams().replace(measured_steps=fit["measured_steps"], **{
+        k: v for k, v in fit.items() if k.startswith("noise_")})
+    b = SimulatorBackend.builtin("dense-single-node", seed=0, params=params)
+    base = b.baseline_config()
+    base_s = b.simulate(base).step_time_s
+    cand, true = None, None
+    for c in b.space.enumerate():
+        o = b.simulate(c)
+        if o.step_time_s and (true is None or abs(base_s / o.step_time_s - effect)
+                              < abs(true - effect)):
+            cand, true = c, base_s / o.step_time_s
+    kw = {"pairs": pairs, "max_pairs": max_pairs, "min_effect": min_effect}
+    aa = [verify_candidate(b, base, dict(base), tag=f"sim-aa{j}", **kw) for j in range(n_aa)]
+    ab = [verify_candidate(b, base, cand, tag=f"sim-ab{j}", **kw) for j in range(n_ab)]
+    return {"fit": fit, "aa_promoted": sum(v.promoted for v in aa), "aa": n_aa,
+            "aa_pairs_mean": sum(len(v.pairs) for v in aa) / max(n_aa, 1),
+            "ab_true_speedup": true, "ab_promoted": sum(v.promoted for v in ab), "ab": n_ab,
+            "ab_pairs_mean": sum(len(v.pairs) for v in ab) / max(n_ab, 1),
+            "ab_median_speedup": sorted(v.speedup for v in ab)[n_ab // 2] if ab else None}
+
+
+def _print_sim(sim: dict, min_effect: float) -> None:
+    f = sim["fit"]
+    print(f"(c) simulator, noise fitted to {f['pairs']} real A/A pairs: step jitter "
+          f"{f['noise_step_cv']:.1%}, stalls {f['noise_stall_prob']:.1%} x"
+          f"{f['noise_stall_factor']:.2f}, per-trial {f['noise_trial_cv']:.1%}, drift "
+          f"{f['noise_drift_cv']:.1%} (rho {f['noise_drift_rho']:.2f}); pair log-ratio SD "
+          f"{f['pair_log_ratio_sd']:.3f}")
+    n = sim["aa"]
+    if n:
+        rate = sim["aa_promoted"] / n
+        se = math.sqrt(max(rate * (1 - rate), 1e-12) / n)
+        print(f"    A/A: {sim['aa_promoted']}/{n} promoted = {rate:.2%} (+-{2 * se:.2%}), "
+              f"mean pairs {sim['aa_pairs_mean']:.1f}")
+    if sim["ab"]:
+        print(f"    A/B at a true {sim['ab_true_speedup']:.3f}x (bar {1 + min_effect:.3f}): "
+              f"{sim['ab_promoted']}/{sim['ab']} promoted = {sim['ab_promoted'] / sim['ab']:.1%}"
+              f", median estimate {sim['ab_median_speedup']:.3f}x, mean pairs "
+              f"{sim['ab_pairs_mean']:.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,8 +160,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load-cores", type=int, default=1)
     ap.add_argument("--resample", type=int, default=20000)
     ap.add_argument("--out", default="")
+    ap.add_argument("--sim-aa", type=int, default=0, help="(c) simulated A/A verdicts")
+    ap.add_argument("--sim-ab", type=int, default=0, help="(c) simulated A/B verdicts")
+    ap.add_argument("--sim-effect", type=float, default=1.10)
+    ap.add_argument("--calibrate", default="", help="(c) only, from an earlier --out file")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    sim_kw = {"n_aa": args.sim_aa, "n_ab": args.sim_ab, "effect": args.sim_effect,
+              "pairs": args.pairs, "max_pairs": args.max_pairs, "min_effect": args.min_effect}
+    if args.calibrate:
+        real = json.loads(Path(args.calibrate).read_text())
+        trials = [t for r in real["aa"] for t in _whole_pairs(r["trials"])]
+        sim = simulated(trials, **sim_kw)
+        _print_sim(sim, args.min_effect)
+        if args.out:
+            Path(args.out).write_text(json.dumps({"args": vars(args), "sim": sim}, indent=2))
+        return 0
 
     import ray
 
@@ -115,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for j in range(args.aa):
             t0 = time.monotonic()
-            v = verify_candidate(backend, base, dict(base), tag=f"aa{j}", **kw)
-            out["aa"].append(_row(f"aa{j}", v, time.monotonic() - t0))
+            trials: list = []
+            v = verify_candidate(backend, base, dict(base), tag=f"aa{j}", on_record=_steps_of(trials),
+                                 **kw)
+            out["aa"].append(_row(f"aa{j}", v, time.monotonic() - t0, trials))
             print(f"A/A {j + 1}/{args.aa}: {'PROMOTED' if v.promoted else 'refused'}: {v.reason}",
                   flush=True)
             save()
@@ -155,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         out["aa_resampled_rate"] = rate
         print(f"    resampled from the {len(aa_logs)} A/A pairs (SD of a pair's log ratio "
               f"{sd:.3f}): {rate:.2%} of {args.resample} verdicts promoted")
+    aa_trials = [t for r in out["aa"] for t in _whole_pairs(r["trials"])]
+    if (args.sim_aa or args.sim_ab) and len(aa_trials) >= 4:
+        out["sim"] = simulated(aa_trials, **sim_kw)
+        _print_sim(out["sim"], args.min_effect)
     quiet = out["quiet"]["speedup"] if out["quiet"] else None
     print(f"(b) A/B {cand} under {args.load_cores} busy core(s): "
           f"{sum(r['promoted'] for r in out['ab'])}/{len(out['ab'])} promoted; quiet "

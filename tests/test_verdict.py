@@ -161,3 +161,165 @@ def test_the_probe_sees_a_process_outside_our_tree_keep_a_core_busy():
             os.kill(pid, 15)
         except ProcessLookupError:
             pass
+
+
+# ---- trial length fitted to the noise (item 4) ----------------------------------------------
+def _noise(sw: float, sb: float, steps: int = 5, repeats: int = 3) -> dict:
+    from infrarsi.doctor.noise import mde_for
+
+    return {"within_cv": sw, "sigma_between": sb, "measured_steps": steps, "repeats": repeats,
+            "confidence": 0.95, "mde": mde_for(sb, sw, steps, 5)}
+
+
+def test_step_jitter_lengthens_the_trials_and_between_run_shifts_add_pairs():
+    from infrarsi.search.verify import MAX_LENGTHEN, plan_pairs, plan_trial_length
+
+    jittery = _noise(sw=0.20, sb=0.01)
+    steps, why = plan_trial_length(jittery, steps=5, overhead_steps=10.0)
+    assert 5 < steps <= MAX_LENGTHEN * 5 and "jitter dominates" in why
+    assert plan_trial_length(jittery, steps=5, overhead_steps=10.0, max_steps=8)[0] == 8
+    shifty = _noise(sw=0.02, sb=0.10)
+    steps, why = plan_trial_length(shifty, steps=5, overhead_steps=10.0)
+    assert steps == 5 and "more pairs" in why
+    # the pairs the planner asks for: more under the shifts, fewer once the trials are longer
+    assert plan_pairs(shifty, min_effect=0.03, expected_speedup=1.15, default=5, cap=20) > 5
+    few = plan_pairs(jittery, min_effect=0.03, expected_speedup=1.15, default=3, cap=40, steps=5)
+    long_ = plan_pairs(jittery, min_effect=0.03, expected_speedup=1.15, default=3, cap=40,
+                       steps=20)
+    assert long_ < few
+    assert plan_trial_length(None, steps=5, overhead_steps=3.0)[0] == 5
+
+
+def test_trial_overhead_is_the_wall_time_outside_the_measured_steps():
+    from infrarsi.search.verify import trial_overhead_steps
+
+    b = ToyBackend(seed=0, noise=0.0)
+    rec = b.execute(b.baseline_config())
+    from dataclasses import replace
+
+    rec = replace(rec, wall_seconds=sum(rec.step_times_s) + 12 * rec.step_time_s)
+    assert trial_overhead_steps([rec]) == pytest.approx(12.0)
+    assert trial_overhead_steps([]) is None
+
+
+def test_longer_simulated_trials_measure_the_same_step_with_less_jitter():
+    """Lengthening only adds timed steps: the median step of a long trial estimates the same
+    step time (same mean log median), with a smaller pair-to-pair SD when jitter dominates."""
+    from infrarsi.backends.simulator import SimulatorBackend
+    from infrarsi.backends.simulator.params import SimParams
+
+    params = SimParams(noise_step_cv=0.15, noise_trial_cv=0.002)
+    short = SimulatorBackend.builtin("dense-single-node", seed=3, params=params)
+    long_ = short.with_measured_steps(25)
+    assert long_.params.measured_steps == 25 and short.params.measured_steps == 5
+    base = short.baseline_config()
+
+    def logs(backend, n=60):
+        return [math.log(backend.execute(base).step_time_s) for _ in range(n)]
+
+    s, lg = logs(short), logs(long_)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    sd = lambda xs: math.sqrt(sum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1))  # noqa: E731
+    assert abs(mean(s) - mean(lg)) < 0.03
+    assert sd(lg) < 0.7 * sd(s)
+    assert len(long_.execute(base).step_times_s) == 25
+
+
+def test_a_lengthened_real_trial_times_more_steps_of_the_same_work(tmp_path):
+    """The harness with more measured steps: the same loss trace on the common steps (the
+    same work per step), the same per-step clock, only more timed steps."""
+    from conftest import copy_task
+
+    from infrarsi.backends.ray_train import RayTrainBackend
+    from infrarsi.contract import load_task
+
+    backend = RayTrainBackend(load_task(copy_task(tmp_path)), local_mode=True)
+    longer = backend.with_measured_steps(backend.spec.timing.measured_steps + 3)
+    assert longer.spec.timing.measured_steps == backend.spec.timing.measured_steps + 3
+    assert backend.spec.timing.measured_steps == 5  # the original is untouched
+    pa, pb = backend.payload(backend.baseline_config()), longer.payload(backend.baseline_config())
+    assert pa["config"] == pb["config"] and pa["workspace_files"] == pb["workspace_files"]
+    assert {k: v for k, v in pa["task"].items() if k != "timing"} == \
+        {k: v for k, v in pb["task"].items() if k != "timing"}
+    one = {**backend.baseline_config(), "num_workers": 1}  # local mode: one in-process rank
+    a, b = backend.execute(one), longer.execute(one)
+    assert a.ok and b.ok, (a.error_message, b.error_message)
+    assert len(b.step_times_s) == len(a.step_times_s) + 3
+    assert b.loss_trace[: len(a.loss_trace)] == pytest.approx(a.loss_trace, rel=1e-6)
+
+
+# ---- one advice for doctor and the report ----------------------------------------------------
+def test_doctor_and_the_report_give_the_same_advice():
+    from types import SimpleNamespace
+
+    from infrarsi.doctor.advice import verification_advice
+    from infrarsi.report._data import pairs_advice
+
+    # the demo's case: the shifts between doctor's repeats alone exceed any reachable target
+    shifty = _noise(sw=0.01, sb=0.228)
+    doctor = verification_advice(shifty, target=0.05, pairs=5)
+    assert doctor["remedy"] == "quiet" and "--pairs" not in doctor["text"]
+    verdict = {"speedup": 1.08, "min_effect": 0.03, "ci_low": 0.95,
+               "pairs": [(1.0, 1.0)] * 5}
+    report = pairs_advice(SimpleNamespace(doctor={"noise": shifty}), verdict)
+    assert "--pairs" not in report and "neither" in report, report
+    # a quiet machine: both say how many pairs
+    quiet = _noise(sw=0.01, sb=0.03)
+    doctor = verification_advice(quiet, target=0.05, pairs=5)
+    report = pairs_advice(SimpleNamespace(doctor={"noise": quiet}),
+                          {**verdict, "speedup": 1.03 * 1.05})
+    assert doctor["required_pairs"] and f"--pairs {doctor['required_pairs']}" in doctor["text"]
+    assert f"--pairs {doctor['required_pairs']}" in report, report
+    # an estimate below the bar: no number of pairs promotes it
+    below = pairs_advice(SimpleNamespace(doctor={"noise": quiet}), {**verdict, "speedup": 1.01})
+    assert "not promote it" in below
+
+
+# ---- the simulator's noise calibrated to A/A trials -----------------------------------------
+def test_fit_noise_recovers_the_simulators_own_noise_from_aa_pairs():
+    from infrarsi.backends.simulator import SimulatorBackend
+    from infrarsi.backends.simulator.noise import fit_noise
+    from infrarsi.backends.simulator.params import SimParams
+
+    truth = SimParams(noise_step_cv=0.05, noise_trial_cv=0.03, noise_drift_cv=0.15,
+                      noise_drift_rho=0.9, noise_stall_prob=0.05, noise_stall_factor=3.0,
+                      measured_steps=10)
+    b = SimulatorBackend.builtin("dense-single-node", seed=7, params=truth)
+    base = b.baseline_config()
+    trials = [list(b.execute(base).step_times_s) for _ in range(400)]
+    fit = fit_noise(trials)
+    assert fit["noise_step_cv"] == pytest.approx(0.05, rel=0.2)
+    assert fit["noise_stall_prob"] == pytest.approx(0.05, abs=0.015)
+    assert fit["noise_stall_factor"] == pytest.approx(3.0, rel=0.2)
+    assert fit["noise_drift_cv"] == pytest.approx(0.15, rel=0.35)
+    assert fit["noise_trial_cv"] == pytest.approx(0.03, abs=0.02)
+    # the drift is shared by a pair's two trials: pairing cancels most of it
+    assert fit["pair_log_ratio_sd"] < 0.1
+    with pytest.raises(ValueError, match="two A/A pairs"):
+        fit_noise(trials[:3])
+
+
+def test_the_default_simulator_noise_is_unchanged_by_the_machine_model():
+    """Off by default: a config's noise depends on its own run count only (as before the machine
+    model), so trials of other configs in between change nothing; a drifting machine is shared,
+    so with the drift on they do."""
+    from infrarsi.backends.simulator import SimulatorBackend
+    from infrarsi.backends.simulator.params import SimParams
+    from infrarsi.space import config_key
+
+    def runs(params, interleave):
+        b = SimulatorBackend.builtin("dense-single-node", seed=2, params=params)
+        base = b.baseline_config()
+        other = next(c for c in b.space.enumerate() if config_key(c) != config_key(base))
+        out = []
+        for _ in range(3):
+            if interleave:
+                b.execute(other)
+            out.append(b.execute(base).step_times_s)
+        return out
+
+    default = SimParams()
+    assert default.noise_drift_cv == 0 and default.noise_stall_prob == 0
+    assert runs(default, False) == runs(default, True)
+    drifting = SimParams(noise_drift_cv=0.1)
+    assert runs(drifting, False) != runs(drifting, True)

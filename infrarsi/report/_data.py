@@ -378,6 +378,23 @@ def _best_search_record(data: ReportData) -> TrialRecord | None:
     return min(ok, key=lambda r: r.step_time_s) if ok else None
 
 
+def pairs_advice(data: ReportData, verdict: dict[str, Any]) -> str:
+    """Would more pairs or longer trials have promoted ``verdict``? Doctor's advice function on
+    doctor's noise model (``infrarsi.doctor.advice``), so the two stages cannot disagree: the
+    effect to resolve is how far the measured speedup sits above the bar."""
+    bar = 1.0 + verdict["min_effect"]
+    if verdict["speedup"] <= bar:
+        return (f"Its estimate itself is at or below {bar:.3f}: more pairs would narrow the "
+                "interval around it, not promote it")
+    from infrarsi.doctor.advice import verification_advice  # the doctor package is heavy
+
+    noise = (data.doctor or {}).get("noise")
+    adv = verification_advice(noise if isinstance(noise, dict) else None,
+                              target=verdict["speedup"] / bar - 1.0,
+                              pairs=len(verdict.get("pairs") or []) or 2)
+    return f"Resolving {verdict['speedup'] / bar - 1:.1%} above the bar: {adv['text']}"
+
+
 def _why_nothing(data: ReportData) -> str:
     search = data.search_records()
     if data.partial and not data.verdicts:
@@ -397,7 +414,7 @@ def _why_nothing(data: ReportData) -> str:
                 return (f"no candidate cleared the minimum worthwhile effect: the best measured "
                         f"{v['speedup']:.3f}x, but its lower bound {v['ci_low']:.3f} over "
                         f"{len(v.get('pairs') or [])} pairs does not clear 1 + verify.min_effect "
-                        f"= {1 + v['min_effect']:.3f}")
+                        f"= {1 + v['min_effect']:.3f}. " + pairs_advice(data, v))
             return (f"nothing beat the noise floor: the best candidate measured "
                     f"{v['speedup']:.3f}x, but its 95% CI lower bound {v['ci_low']:.3f} does not "
                     f"clear 1 + MDE = {1 + v.get('mde', 0):.3f}. More interleaved pairs "

@@ -34,8 +34,11 @@ from infrarsi.search.searcher import SENTINEL_ORIGIN, InfraRSISearcher, split_st
 from infrarsi.search.verify import (
     DEFAULT_MDE,
     FALSE_PROMOTION_RATE,
+    MAX_LENGTHEN,
     Verdict,
     plan_pairs,
+    plan_trial_length,
+    trial_overhead_steps,
     verify_candidate,
 )
 from infrarsi.space import config_key
@@ -246,23 +249,44 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
         session.progress("no doctor noise model for this workload: planning the default pairs "
                          "(run `infrarsi doctor` to plan from a measured one)")
     baseline_obj = _baseline_objective(engine, baseline)
+    backend, steps = _verification_backend(session, noise)
     verdicts = []
     for i, (obj, cand) in enumerate(ranked_top):
         expected = obj / baseline_obj if baseline_obj else None
         planned = plan_pairs(noise, min_effect=min_effect, expected_speedup=expected,
-                             default=pairs, cap=4 * pairs)
+                             default=pairs, cap=4 * pairs, steps=steps)
         mde = session.noise_floor(planned)
         plan = (f"; doctor's MDE at {planned} pairs {mde:.1%} (planning only)"
                 if mde is not None else "")
         table.note(f"verifying candidate {i + 1}/{len(candidates)}: {planned} interleaved pairs "
                    f"planned, up to {2 * planned} while the verdict is open{plan}")
-        v = verify_candidate(session.backend, baseline, cand, pairs=planned,
+        v = verify_candidate(backend, baseline, cand, pairs=planned,
                              mde=mde if mde is not None else DEFAULT_MDE, min_effect=min_effect,
                              tag=f"verify{i}", max_pairs=2 * planned,
                              on_record=lambda rec, origin: session.record(rec, origin))
         table.note(("PROMOTABLE: " if v.promoted else "not promoted: ") + v.reason)
         verdicts.append(v)
     return verdicts
+
+
+def _verification_backend(session: RunSession, noise: dict | None):
+    """The backend the verification's trials run on, and their measured steps: longer trials
+    when doctor's noise model says the step jitter dominates (``plan_trial_length``; both sides
+    of every pair get the same length), at most half the trial timeout long."""
+    steps = session.spec.timing.measured_steps
+    overhead = trial_overhead_steps(session.baseline_records)
+    step_s = session.baseline_step_s
+    room = (int(session.spec.trial.timeout_s / 2 / step_s - (overhead or 0.0))
+            if step_s else None)
+    chosen, why = plan_trial_length(noise, steps=steps, overhead_steps=overhead,
+                                    max_steps=None if room is None else max(steps, min(room, MAX_LENGTHEN * steps)))
+    longer = session.backend.with_measured_steps(chosen) if chosen > steps else None
+    if longer is None:
+        session.progress(f"verification trial length: {steps} measured steps ({why})")
+        return session.backend, steps
+    session.progress(f"verification trial length: {chosen} measured steps instead of {steps} "
+                     f"({why})")
+    return longer, chosen
 
 
 def _baseline_objective(engine: SearchEngine, baseline: dict) -> float | None:

@@ -225,18 +225,66 @@ def verify_candidate(backend: Backend, baseline: Config, candidate: Config, *, p
 
 
 def plan_pairs(noise: dict[str, Any] | None, *, min_effect: float, expected_speedup: float | None,
-               default: int, cap: int) -> int:
+               default: int, cap: int, steps: int | None = None) -> int:
     """Pairs to plan for the first look: the fewest whose lower bound would clear
-    ``1 + min_effect`` at doctor's per-trial noise if the search's estimate ``expected_speedup``
-    holds (at least ``default``, at most ``cap``). Planning only: the verdict never uses it."""
+    ``1 + min_effect`` at doctor's per-trial noise (for trials of ``steps`` measured steps,
+    default doctor's length) if the search's estimate ``expected_speedup`` holds (at least
+    ``default``, at most ``cap``). Planning only: the verdict never uses it."""
     from infrarsi.doctor.noise import trial_sigma
 
     if not noise or not expected_speedup or noise.get("within_cv") is None:
         return default
     sigma_b = noise.get("sigma_between") or 0.0
     sigma = trial_sigma(0.0 if math.isnan(sigma_b) else sigma_b, float(noise["within_cv"]),
-                        int(noise.get("measured_steps") or 1))
+                        int(steps or noise.get("measured_steps") or 1))
     alpha = look_alphas(look_schedule(default, cap))[0]
     need = pairs_needed(math.log(expected_speedup), math.sqrt(2) * sigma, 1.0 + min_effect,
                         alpha, cap)
     return min(max(default, need or default), cap)
+
+
+# A verification trial measures at most this many times the contract's measured steps: the
+# cost-optimal length grows without bound as the between-run noise goes to zero, and a long
+# trial is one a shifting machine can hit halfway.
+MAX_LENGTHEN = 4
+
+
+def trial_overhead_steps(records: Sequence[TrialRecord]) -> float | None:
+    """A trial's fixed cost (start-up, warm-up, loss-reference steps: its wall time outside the
+    measured steps) in units of its median step, the median over ``records`` that ran."""
+    vals = sorted((r.wall_seconds - sum(r.step_times_s)) / r.step_time_s for r in records
+                  if r.ok and r.step_time_s and r.step_times_s and r.wall_seconds)
+    return vals[len(vals) // 2] if vals else None
+
+
+def plan_trial_length(noise: dict[str, Any] | None, *, steps: int, overhead_steps: float | None,
+                      max_steps: int | None = None) -> tuple[int, str]:
+    """Measured steps per verification trial that make a verdict cheapest, and why.
+
+    A trial of ``m`` measured steps costs ``(o + m)`` steps (``o``: its fixed cost,
+    :func:`trial_overhead_steps`); its log median has variance ``sb^2 + c sw^2 / m``
+    (``c`` = pi/2, doctor's noise model), and the pairs a verdict needs scale with that
+    variance, so the device time of a verdict goes as ``(o + m)(sb^2 + c sw^2 / m)``. Its
+    minimum is at ``m* = sw sqrt(c o) / sb``: when the step-to-step jitter dominates (``m*``
+    above the contract's ``steps``) the trials run longer, up to ``max_steps`` (default
+    ``MAX_LENGTHEN`` x ``steps``); when the between-run shifts dominate (``m*`` at or below it)
+    the length stays and the planner adds pairs instead (:func:`plan_pairs`). Never shorter than
+    the contract's ``steps``: they are what the harness times per step, and a longer trial
+    times every step the same way (same warm-up, clock and loss check; only more steps)."""
+    from infrarsi.doctor.noise import MEDIAN_EFFICIENCY
+
+    cap = max(steps, int(max_steps) if max_steps else MAX_LENGTHEN * steps)
+    if not noise or noise.get("within_cv") is None or overhead_steps is None:
+        return steps, "no noise model: the contract's trial length"
+    sw = float(noise["within_cv"])
+    sb = noise.get("sigma_between")
+    sb = 0.0 if sb is None or math.isnan(sb) else float(sb)
+    within, between = MEDIAN_EFFICIENCY * sw**2 / steps, sb**2
+    if sw <= 0.0 or within <= between:
+        return steps, (f"between-run shifts dominate (trial-to-trial {sb:.1%} vs step jitter "
+                       f"{math.sqrt(within):.1%} at {steps} steps): more pairs, not longer trials")
+    best = cap if sb <= 0.0 else sw * math.sqrt(MEDIAN_EFFICIENCY * max(overhead_steps, 0.0)) / sb
+    chosen = min(cap, max(steps, math.ceil(best)))
+    return chosen, (f"step jitter dominates ({math.sqrt(within):.1%} at {steps} steps vs "
+                    f"trial-to-trial {sb:.1%}): {chosen} measured steps per trial "
+                    f"(cost-optimal {best:.0f}, cap {cap})")
