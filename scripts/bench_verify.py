@@ -75,7 +75,9 @@ def _whole_pairs(trials: list) -> list:
 
 
 def _load(cores: int, seconds: float) -> list[subprocess.Popen]:
-    code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
+    # each loop also ends when this script does (its parent changes): none outlives a killed run
+    code = (f"import os, time\nparent, end = os.getppid(), time.time() + {seconds}\n"
+            "while time.time() < end and os.getppid() == parent:\n    pass\n")
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(cores)]
 
 

@@ -323,3 +323,36 @@ def test_the_default_simulator_noise_is_unchanged_by_the_machine_model():
     assert runs(default, False) == runs(default, True)
     drifting = SimParams(noise_drift_cv=0.1)
     assert runs(drifting, False) != runs(drifting, True)
+
+
+def test_the_run_stage_lengthens_both_sides_when_jitter_dominates_within_the_timeout():
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from infrarsi.backends.simulator import SimulatorBackend
+    from infrarsi.search.run_stage import _verification_backend
+
+    sim = SimulatorBackend.builtin("dense-single-node", seed=0)
+    rec = sim.execute(sim.baseline_config())
+    rec = replace(rec, wall_seconds=sum(rec.step_times_s) + 30 * rec.step_time_s)
+    lines: list[str] = []
+
+    def session(backend, timeout_s):
+        spec = SimpleNamespace(timing=SimpleNamespace(measured_steps=5),
+                               trial=SimpleNamespace(timeout_s=timeout_s))
+        return SimpleNamespace(spec=spec, backend=backend, baseline_records=[rec],
+                               baseline_step_s=rec.step_time_s, progress=lines.append)
+
+    jittery = _noise(sw=0.20, sb=0.01)
+    backend, steps = _verification_backend(session(sim, 1e6), jittery)
+    assert steps == 20 and backend is not sim and backend.params.measured_steps == 20
+    assert "20 measured steps instead of 5" in lines[-1]
+    # the trial timeout bounds the length: half of it holds the overhead and 8 more steps
+    short = (30 + 8) * 2 * rec.step_time_s
+    assert _verification_backend(session(sim, short), jittery)[1] == 8
+    # a backend that cannot lengthen its trials keeps them (and says so)
+    toy = ToyBackend()
+    backend, steps = _verification_backend(session(toy, 1e6), jittery)
+    assert backend is toy and steps == 5 and "5 measured steps" in lines[-1]
+    # between-run shifts dominate: the length stays
+    assert _verification_backend(session(sim, 1e6), _noise(sw=0.02, sb=0.10))[1] == 5

@@ -185,6 +185,10 @@ def verification(data: ReportData) -> list[D.Block]:
             f"verify.min_effect = {1 + effect:.3f} (false-promotion rate at most 5% over all "
             "looks: alpha spending); doctor's MDE only planned how many pairs to run."
             if effect is not None else "Promoted only when the lower bound clears 1 + MDE.")
+    steps = next((v["measured_steps"] for v in data.verdicts if v.get("measured_steps")), None)
+    if steps:
+        rule += (f" Each verification trial timed {steps} steps (the length fitted to doctor's "
+                 "noise model; both sides of every pair alike).")
     blocks.append(D.p("Each candidate ran interleaved with the untouched baseline (A B A B …); "
                       "speedup = baseline / candidate step time per pair, Student-t bound on "
                       "the mean log ratio. " + rule))

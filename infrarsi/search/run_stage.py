@@ -262,7 +262,7 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
                    f"planned, up to {2 * planned} while the verdict is open{plan}")
         v = verify_candidate(backend, baseline, cand, pairs=planned,
                              mde=mde if mde is not None else DEFAULT_MDE, min_effect=min_effect,
-                             tag=f"verify{i}", max_pairs=2 * planned,
+                             tag=f"verify{i}", max_pairs=2 * planned, measured_steps=steps,
                              on_record=lambda rec, origin: session.record(rec, origin))
         table.note(("PROMOTABLE: " if v.promoted else "not promoted: ") + v.reason)
         verdicts.append(v)

@@ -135,6 +135,7 @@ class Verdict:
     alpha: float = FALSE_PROMOTION_RATE
     looks: list[int] = field(default_factory=list)
     false_promotion_rate: float = FALSE_PROMOTION_RATE
+    measured_steps: int | None = None  # per trial, when the verification chose the length
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,16 +175,19 @@ def verify_candidate(backend: Backend, baseline: Config, candidate: Config, *, p
                      tag: str, mde: float = DEFAULT_MDE,
                      min_effect: float = DEFAULT_MIN_EFFECT,
                      on_record: Callable[[TrialRecord, str], None] | None = None,
-                     max_pairs: int | None = None) -> Verdict:
+                     max_pairs: int | None = None, measured_steps: int | None = None) -> Verdict:
     """Run interleaved baseline/candidate pairs and judge the candidate (module docstring):
     look at ``pairs`` pairs, then at the later looks of :func:`look_schedule` up to
-    ``max_pairs`` while the verdict is open. ``mde`` (doctor's planning figure) is recorded."""
+    ``max_pairs`` while the verdict is open. ``mde`` (doctor's planning figure) and
+    ``measured_steps`` (the trial length ``backend`` runs, :func:`plan_trial_length`) are
+    recorded."""
     looks = look_schedule(pairs, max_pairs)
     alphas = look_alphas(looks)
     base_ids: list[str] = []
     cand_ids: list[str] = []
     measured: list[tuple[float, float]] = []
-    common = {"mde": mde, "min_effect": min_effect, "looks": looks}
+    common = {"mde": mde, "min_effect": min_effect, "looks": looks,
+              "measured_steps": measured_steps}
     i = 0
     for k, (n_look, alpha) in enumerate(zip(looks, alphas, strict=True)):
         while i < n_look:
