@@ -53,6 +53,12 @@ class Backend(abc.ABC):
         stopped trial is still a valid, loss-checked measurement of its config.
         """
 
+    def with_measured_steps(self, steps: int) -> Backend | None:
+        """This backend with trials that time ``steps`` measured steps (the verifier lengthens
+        trials when the step-to-step jitter dominates the noise), or None when it cannot. Only
+        the number of timed steps changes: warm-up, clock, loss check and per-step work stay."""
+        return None
+
     def baseline_config(self) -> Config:
         """The config the user runs today; speedups are measured against it."""
         return self.space.defaults()

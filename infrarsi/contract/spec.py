@@ -140,6 +140,20 @@ class SearchSpec:
 
 
 @dataclass(frozen=True)
+class VerifySpec:
+    """How a candidate is promoted. ``min_effect``: the smallest speedup worth promoting (0.03:
+    3% faster); the verification's own interval must clear ``1 + min_effect``
+    (``infrarsi.search.verify``)."""
+
+    min_effect: float = 0.03
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_effect < 1.0:
+            raise ConfigError(f"verify.min_effect {self.min_effect!r} must be a fraction in "
+                              "[0, 1), e.g. 0.03 for 3% faster")
+
+
+@dataclass(frozen=True)
 class BankSpec:
     """Where experience is kept. ``url`` None: $INFRARSI_BANK_URL, else $INFRARSI_HOME/bank.sqlite."""
 
@@ -167,6 +181,7 @@ class TaskSpec:
     trial: TrialSpec = field(default_factory=TrialSpec)
     search: SearchSpec = field(default_factory=SearchSpec)
     bank: BankSpec = field(default_factory=BankSpec)
+    verify: VerifySpec = field(default_factory=VerifySpec)
     llm: LLMSpec | None = None
     # "" : <home>/runs/{name} (infrarsi._home); a relative path is relative to the current folder
     run_dir: str = ""

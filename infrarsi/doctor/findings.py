@@ -1,7 +1,7 @@
 """Bottleneck findings: what the profile says, as structured rows for the report and proposers.
 
 Each finding is a dict: ``kind`` (communication, host_sync, optimizer, data, idle, compute,
-memory_headroom, memory_pressure, mfu, precision, noise, loss), ``fraction`` (of the step, of memory or
+memory_headroom, memory_pressure, mfu, precision, noise, contention, loss), ``fraction`` (of the step, of memory or
 None), ``message`` (one sentence; ``text`` is the same for readers that look there),
 ``severity`` (info, warn) and ``knobs`` (launch knobs that act on it).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["THRESHOLDS", "bottleneck_findings"]
+__all__ = ["THRESHOLDS", "bottleneck_findings", "contention_finding"]
 
 THRESHOLDS = {"communication": 0.10, "host_sync": 0.05, "optimizer": 0.15, "data": 0.05,
               "idle": 0.10, "compute": 0.60, "headroom": 0.40, "pressure": 0.85}
@@ -98,3 +98,11 @@ def _memory(profile: dict[str, Any], config: dict[str, Any],
                    f"{config.get('micro_batch_size')}): room for a larger micro-batch",
                    ["micro_batch_size"], "info")]
     return []
+
+
+def contention_finding(contention: dict[str, Any]) -> dict[str, Any]:
+    """The machine was busy while the baseline repeats ran (``infrarsi.doctor.contention``)."""
+    return _f("contention", contention.get("other_cores"),
+              f"the machine was busy during the baseline repeats ({contention['summary']}): the "
+              "baseline step time and noise floor read high; the run re-measures the baseline "
+              "before searching. Quiet the machine or re-run `infrarsi doctor` when it is", [])

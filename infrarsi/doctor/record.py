@@ -25,7 +25,9 @@ class DoctorRecord:
     :func:`~infrarsi.doctor.mfu.compute_mfu`'s (``mfu``, ``peak_flops`` per worker,
     ``peak_label``); ``matmul`` the CPU's measured fp32/bf16 matmul FLOP/s (None on GPU);
     ``findings`` the bottleneck findings (dicts with ``kind``, ``message``, ``knobs``);
-    ``records`` the trial ids of the baseline repeats in the bank run ``run_id``.
+    ``records`` the trial ids of the baseline repeats in the bank run ``run_id``;
+    ``contention`` what :class:`~infrarsi.doctor.contention.ContentionProbe` saw during the
+    repeats (``contended``, ``summary``, the figures).
     """
 
     baseline_step_s: float | None = None
@@ -36,6 +38,7 @@ class DoctorRecord:
     findings: tuple[dict[str, Any], ...] = ()
     loss: dict[str, Any] = field(default_factory=dict)
     records: tuple[str, ...] = ()
+    contention: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     contract_sha256: str = ""
     task: str = ""
@@ -57,6 +60,11 @@ class DoctorRecord:
     @property
     def has_noise_model(self) -> bool:
         return self.mde is not None
+
+    @property
+    def contended(self) -> bool:
+        """Doctor's repeats ran on a busy machine (its noise figures may be inflated)."""
+        return bool(self.contention.get("contended"))
 
     @property
     def peak_flops(self) -> float | None:
@@ -101,7 +109,7 @@ class DoctorRecord:
         mfu = p.get("mfu")
         if isinstance(mfu, int | float):  # a bare figure (hand-written payloads)
             kw["mfu"] = {"mfu": float(mfu)}
-        for k in ("noise", "profile", "mfu", "loss", "config"):
+        for k in ("noise", "profile", "mfu", "loss", "config", "contention"):
             if not isinstance(kw.get(k, {}), dict):
                 kw.pop(k)
         return cls(**kw, extra={k: v for k, v in p.items() if k not in known})

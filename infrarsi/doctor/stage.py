@@ -8,7 +8,8 @@ below) goes to the bank with ``record_baseline`` and to ``doctor.json`` in the r
 The later stages read the payload as a :class:`~infrarsi.doctor.record.DoctorRecord`
 (``baseline_step_s`` and ``noise["mde"]``: the run stage's verifier threshold; ``profile``,
 ``mfu`` with its peak, ``matmul`` (CPU: measured fp32 and bf16 matmul FLOP/s), ``findings``:
-the report); :func:`~infrarsi.doctor.record.proposer_findings` is the proposers' digest.
+the report; ``contention``: was the machine busy during the repeats,
+:mod:`infrarsi.doctor.contention`); :func:`~infrarsi.doctor.record.proposer_findings` is the proposers' digest.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi.contract import Contract
-from infrarsi.doctor.findings import bottleneck_findings
+from infrarsi.doctor.advice import verification_advice
+from infrarsi.doctor.contention import ContentionProbe
+from infrarsi.doctor.findings import bottleneck_findings, contention_finding
 from infrarsi.doctor.mfu import compute_mfu, matmul_speeds
 from infrarsi.doctor.profile import summarize_profile
 from infrarsi.doctor.record import DoctorRecord, proposer_findings
@@ -93,21 +96,28 @@ def run_doctor(run_dir: str | Path | None = None, *, repeats: int = 3, pairs: in
                             {"run_dir": str(Path(run_dir).resolve()), "stage": "doctor"})
     config = backend.baseline_config()
     records: list[TrialRecord] = []
+    probe = ContentionProbe()
     try:
-        for i in range(repeats):
-            rec = backend.execute(config, trial_id=f"doctor-{i}")
-            bank.record_trial(run_id, rec, origin=ORIGIN)
-            records.append(rec)
-            out(f"baseline {i + 1}/{repeats}: {rec.summary()}")
-            if not rec.ok:
-                break
+        with probe:  # is other work sharing the machine while the repeats run?
+            for i in range(repeats):
+                rec = backend.execute(config, trial_id=f"doctor-{i}")
+                probe.sample_ours()
+                bank.record_trial(run_id, rec, origin=ORIGIN)
+                records.append(rec)
+                out(f"baseline {i + 1}/{repeats}: {rec.summary()}")
+                if not rec.ok:
+                    break
         problem = _unusable(records, contract, config)
         if problem:
             _save(run_dir, {"status": "failed", "error": problem, "run_id": run_id,
                             "records": [r.trial_id for r in records]})
             bank.finish_run(run_id, "failed")
             raise BaselineUnusableError(problem)
-        payload = _finite(_payload(records, contract, backend, config, pairs, target_mde))
+        payload = _payload(records, contract, backend, config, pairs, target_mde)
+        payload["contention"] = probe.result
+        if probe.result.get("contended"):
+            payload["findings"].insert(0, contention_finding(probe.result))
+        payload = _finite(payload)
         payload["run_id"] = run_id
         bank.record_baseline(run_id, payload, origin="doctor")
         bank.finish_run(run_id)
@@ -190,6 +200,8 @@ def _payload(records: Sequence[TrialRecord], contract: Contract, backend, config
              pairs: int, target_mde: float) -> dict[str, Any]:
     spec = contract.spec()
     noise = noise_model([r.step_times_s for r in records], pairs=pairs, target_mde=target_mde)
+    # the same advice the report gives when nothing is promoted (infrarsi.doctor.advice)
+    noise["advice"] = verification_advice(noise, target=target_mde, pairs=pairs)["text"]
     step = statistics.median(r.step_time_s for r in records)
     profile = summarize_profile(records)
     extra = records[0].extra or {}

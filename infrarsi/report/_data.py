@@ -137,14 +137,20 @@ class ReportData:
         return list(dict.fromkeys([*ids, *promo]))
 
     def mfu(self, tokens_per_s: float | None, record: TrialRecord | None = None) -> float | None:
-        fpt = float(self.contract.work.flops_per_token or 0.0)
-        if not fpt and record is not None:
-            fpt = float(record.extra.get("flops_per_token") or 0.0)
+        """Doctor's definition (``infrarsi.doctor.mfu.compute_mfu``): FLOPs per token (the
+        trial's own figure first, then the contract's) x tokens/s over the per-worker peak x
+        the config's workers."""
+        fpt = float((record.extra.get("flops_per_token") if record is not None else 0.0)
+                    or self.contract.work.flops_per_token or 0.0)
         if not (tokens_per_s and fpt and self.peak_flops):
             return None
-        hw = record.hardware if record is not None else (self.run_info.hardware if self.run_info else None)
-        devices = hw.num_devices if hw is not None else 1
-        return fpt * tokens_per_s / (max(devices, 1) * self.peak_flops)
+        workers = (record.config.get("num_workers") if record is not None else None) \
+            or self.baseline_config.get("num_workers")
+        if not workers:
+            hw = record.hardware if record is not None else (
+                self.run_info.hardware if self.run_info else None)
+            workers = hw.num_devices if hw is not None else 1
+        return fpt * tokens_per_s / (max(int(workers), 1) * self.peak_flops)
 
 
 def same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -347,6 +353,23 @@ def _best_search_record(data: ReportData) -> TrialRecord | None:
     return min(ok, key=lambda r: r.step_time_s) if ok else None
 
 
+def pairs_advice(data: ReportData, verdict: dict[str, Any]) -> str:
+    """Would more pairs or longer trials have promoted ``verdict``? Doctor's advice function on
+    doctor's noise model (``infrarsi.doctor.advice``), so the two stages cannot disagree: the
+    effect to resolve is how far the measured speedup sits above the bar."""
+    bar = 1.0 + verdict["min_effect"]
+    if verdict["speedup"] <= bar:
+        return (f"Its estimate itself is at or below {bar:.3f}: more pairs would narrow the "
+                "interval around it, not promote it")
+    from infrarsi.doctor.advice import verification_advice  # the doctor package is heavy
+
+    noise = data.doctor.noise if data.doctor is not None and data.doctor.has_noise_model else None
+    adv = verification_advice(noise,
+                              target=verdict["speedup"] / bar - 1.0,
+                              pairs=len(verdict.get("pairs") or []) or 2)
+    return f"Resolving {verdict['speedup'] / bar - 1:.1%} above the bar: {adv['text']}"
+
+
 def _why_nothing(data: ReportData) -> str:
     search = data.search_records()
     if data.partial and not data.verdicts:
@@ -362,6 +385,11 @@ def _why_nothing(data: ReportData) -> str:
     if data.verdicts:
         v = _best_verdict(data)
         if v is not None and v.get("ci_low") is not None:
+            if "min_effect" in v:
+                return (f"no candidate cleared the minimum worthwhile effect: the best measured "
+                        f"{v['speedup']:.3f}x, but its lower bound {v['ci_low']:.3f} over "
+                        f"{len(v.get('pairs') or [])} pairs does not clear 1 + verify.min_effect "
+                        f"= {1 + v['min_effect']:.3f}. " + pairs_advice(data, v))
             return (f"nothing beat the noise floor: the best candidate measured "
                     f"{v['speedup']:.3f}x, but its 95% CI lower bound {v['ci_low']:.3f} does not "
                     f"clear 1 + MDE = {1 + v.get('mde', 0):.3f}. More interleaved pairs "

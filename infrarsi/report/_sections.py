@@ -41,11 +41,14 @@ def verdict_line(data: ReportData) -> tuple[str, str]:
     """(tone, sentence): the one-line answer a reader wants first."""
     v = data.promoted
     if v and v.get("speedup"):
-        ci = f"95% CI [{v['ci_low']:.3f}, {v['ci_high']:.3f}]" if v.get("ci_low") is not None else ""
+        conf = v.get("confidence", 0.95)
+        ci = (f"{conf:.0%} CI [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
+              if v.get("ci_low") is not None else "")
         n = len(v.get("pairs") or [])
+        bar = (f"minimum worthwhile effect 1 + {v['min_effect']:.3f}" if "min_effect" in v
+               else f"noise floor 1 + {v.get('mde', 0):.3f}")
         return "good", (f"**Promoted: {v['speedup']:.3f}x faster per step** ({ci}, {n} interleaved "
-                        f"A/B pairs against the untouched baseline; noise floor 1 + "
-                        f"{v.get('mde', 0):.3f}).")
+                        f"A/B pairs against the untouched baseline; {bar}).")
     if data.partial:
         return "warn", f"**Partial run**: {data.partial}. Nothing promoted yet."
     return "bad", f"**Nothing promoted**: {data.not_promoted}."
@@ -178,12 +181,20 @@ def verification(data: ReportData) -> list[D.Block]:
         sp = f"{v['speedup']:.3f}x" if v.get("speedup") else "–"
         rows.append([changes or "baseline", "yes" if v.get("promoted") else "no", sp, ci,
                      len(v.get("pairs") or []), v.get("reason", "")])
-    mde = data.doctor.mde if data.doctor else None
+    effect = next((v["min_effect"] for v in data.verdicts if "min_effect" in v), None)
+    rule = (f"Promoted only when the one-sided lower bound from these pairs clears 1 + "
+            f"verify.min_effect = {1 + effect:.3f} (false-promotion rate at most 5% over all "
+            "looks: alpha spending); doctor's MDE only planned how many pairs to run."
+            if effect is not None else "Promoted only when the lower bound clears 1 + MDE.")
+    steps = next((v["measured_steps"] for v in data.verdicts if v.get("measured_steps")), None)
+    if steps:
+        rule += (f" Each verification trial timed {steps} steps (the length fitted to doctor's "
+                 "noise model; both sides of every pair alike).")
     blocks.append(D.p("Each candidate ran interleaved with the untouched baseline (A B A B …); "
-                      "speedup = baseline / candidate step time per pair, Student-t interval on "
-                      "the mean log ratio. Promoted only when the lower bound clears 1 + MDE"
-                      + (f" (doctor's measured MDE {mde:.3f})." if mde else ".")))
-    blocks.append(D.table(["candidate", "promoted", "speedup", "95% CI", "pairs", "reason"], rows))
+                      "speedup = baseline / candidate step time per pair, Student-t bound on "
+                      "the mean log ratio. " + rule))
+    blocks.append(D.table(["candidate", "promoted", "speedup", "interval", "pairs", "reason"],
+                          rows))
     return blocks
 
 

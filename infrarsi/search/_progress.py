@@ -115,6 +115,15 @@ class Progress:
     def note(self, text: str) -> None:
         self.out(text)
 
+    def sentinel(self, drift: dict[str, Any]) -> None:
+        """A baseline sentinel finished (``_session.baseline_drift``): later speedups use it."""
+        text = f"baseline sentinel: {drift['step_s'] * 1e3:.1f} ms/step"
+        if drift.get("drift") is not None:
+            text += f", {drift['drift']:+.1%} from doctor's {drift['doctor_step_s'] * 1e3:.1f} ms"
+            if drift.get("notable"):
+                text += f" (DRIFT: beyond twice one trial's noise {drift['trial_cv']:.1%})"
+        self.out(text + "; speedups below are against this sentinel")
+
     def row(self, n: int, r: TrialRecord, origin: str, live: dict[str, Any] | None) -> None:
         status = r.status.value + (f":{r.error_kind.value}" if r.error_kind else "")
         if r.extra.get("stopped_early"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from infrarsi.rundir import (
     write_json,
 )
 from infrarsi.space import config_key
-from infrarsi.stats import mde_at_pairs
+from infrarsi.stats import mde_at_pairs, noise_model
 from infrarsi.trial import ErrorKind, SoftwareVersions, TrialRecord
 
 __all__ = ["RunLockedError", "RunSession"]
@@ -30,6 +31,16 @@ __all__ = ["RunLockedError", "RunSession"]
 # How often an open trial's bank row is touched: a trial in flight when the driver is killed is
 # charged the device time up to its last beat, so a short period loses little of it.
 HEARTBEAT_S = 2.0
+
+
+def baseline_drift(step_s: float, doctor_step_s: float | None,
+                   trial_cv: float | None) -> dict[str, Any]:
+    """A baseline sentinel against doctor's baseline: ``drift`` (relative; None without doctor)
+    and ``notable`` (beyond twice one trial's noise, doctor's ``trial_cv``, on the log scale)."""
+    drift = step_s / doctor_step_s - 1.0 if doctor_step_s else None
+    notable = drift is not None and trial_cv is not None and abs(math.log1p(drift)) > 2 * trial_cv
+    return {"step_s": step_s, "doctor_step_s": doctor_step_s, "drift": drift,
+            "trial_cv": trial_cv, "notable": notable}
 
 
 class RunSession:
@@ -64,6 +75,10 @@ class RunSession:
         self.attempt = 1  # which driver of this run this is (1: the first; see run.json)
         self.interrupted: list[str] = []  # trials the last driver left open, closed at resume
         self.retry: list[tuple[dict, str]] = []  # (config, origin) of search trials to run again
+        self.doctor_baseline_step_s: float | None = None  # doctor's figure, kept for drift
+        self.doctor_contended = False  # doctor's repeats ran on a busy machine (its findings)
+        self.sentinels: list[dict[str, Any]] = []  # see sentinel_measured
+        self._sentinel_series: list[list[float]] = []
         self._beats: dict[str, Any] = {}
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -158,6 +173,13 @@ class RunSession:
         self.noise = doc.noise if doc.has_noise_model else None
         self.findings = doc.proposer_findings()
         self.baseline_step_s = doc.baseline_step_s or doc.noise.get("baseline_step_s")
+        self.doctor_baseline_step_s = self.baseline_step_s
+        self.doctor_contended = doc.contended
+        if self.doctor_contended:
+            self.progress("doctor measured the baseline on a busy machine ("
+                          + doc.contention.get("summary", "contention") + "): the "
+                          "run re-measures the baseline twice before searching and re-estimates "
+                          "the noise from those trials")
         ids = set(doc.records)
         try:
             self.baseline_records = [r for r in self.bank.trials(run_id=entry.run_id)
@@ -172,6 +194,27 @@ class RunSession:
         return None if self.noise is None else mde_at_pairs(self.noise, pairs)
 
     # ---- during the run ---------------------------------------------------------------
+    def sentinel_measured(self, record: TrialRecord, table) -> None:
+        """A baseline sentinel finished: the progress table reads speedups against it from now
+        on; its drift from doctor's baseline is reported (and kept for ``run_outcome.json``);
+        after two sentinels on a run whose doctor ran under contention, the noise model is
+        re-estimated from them."""
+        if not record.ok or not record.step_time_s:
+            table.note(f"baseline sentinel {record.trial_id} was {record.status.value}: the "
+                       "table keeps its earlier baseline")
+            return
+        drift = baseline_drift(record.step_time_s, self.doctor_baseline_step_s,
+                               (self.noise or {}).get("trial_cv"))
+        self.sentinels.append({"trial_id": record.trial_id, **drift})
+        table.baseline_step_s = self.baseline_step_s = record.step_time_s
+        table.sentinel(drift)
+        if self.doctor_contended and record.step_times_s:
+            self._sentinel_series.append(list(record.step_times_s))
+            if len(self._sentinel_series) == 2:
+                self.noise = {**noise_model(self._sentinel_series), "source": "run sentinels"}
+                table.note(f"noise re-estimated from the sentinels (doctor's was taken under "
+                           f"contention): trial CV {self.noise['trial_cv']:.1%}")
+
     def experience(self) -> list[TrialRecord]:
         """Finished trials of other runs, nearest signatures first (this run excluded)."""
         try:
@@ -240,7 +283,7 @@ class RunSession:
         lost: dict[str, tuple[dict, str]] = {}
         for rec in self.bank.trials(self.run_id):
             origin = origins.get(rec.trial_id, "")
-            if origin.startswith("verify") or rec.trial_id in known:
+            if origin.startswith(("verify", "sentinel")) or rec.trial_id in known:
                 continue
             if rec.error_kind is ErrorKind.INTERRUPTED:
                 lost[config_key(rec.config)] = (dict(rec.config), origin)

@@ -8,7 +8,7 @@ verified ones join the space as ``patch:<id>`` bool knobs -> seed the engine wit
 through the backend (in a patched copy of the workspace when patch knobs are on); every
 finished trial is written to the bank and to the progress table, the searcher state is saved
 after each -> the top candidates are re-measured interleaved with the baseline and the best one
-that clears doctor's noise floor is promoted (with the patches it turns on).
+whose paired lower bound clears 1 + verify.min_effect is promoted (with the patches it turns on).
 """
 
 from __future__ import annotations
@@ -33,12 +33,24 @@ from infrarsi.search._progress import Progress
 from infrarsi.search._session import RunSession
 from infrarsi.search._verify_resume import ResumableVerification
 from infrarsi.search.engine import SearchEngine
-from infrarsi.search.searcher import InfraRSISearcher, split_stop_hint
-from infrarsi.search.verify import DEFAULT_MDE, Verdict, verify_candidate
+from infrarsi.search.searcher import SENTINEL_ORIGIN, InfraRSISearcher, split_stop_hint
+from infrarsi.search.verify import (
+    DEFAULT_MDE,
+    FALSE_PROMOTION_RATE,
+    MAX_LENGTHEN,
+    Verdict,
+    plan_pairs,
+    plan_trial_length,
+    trial_overhead_steps,
+    verify_candidate,
+)
 from infrarsi.space import config_key
 from infrarsi.stats import DEFAULT_PAIRS, MIN_PAIRS
 from infrarsi.trial import TrialRecord
 
+# The baseline is re-measured (a sentinel trial, not counted in the budget) every this many
+# search trials, so the progress table's speedups are against a recent baseline.
+SENTINEL_EVERY = 5
 
 @dataclass(frozen=True)
 class RunOutcome:
@@ -55,6 +67,8 @@ class RunOutcome:
     verified_patches: list[str] = field(default_factory=list)
     # the patches the promoted config turns on: id, origin, files, digest, diff
     promoted_patches: list[dict[str, Any]] = field(default_factory=list)
+    # the baseline sentinels measured during the search and their drift from doctor's baseline
+    sentinels: list[dict[str, Any]] = field(default_factory=list)
     run_dir: Path | None = None
     # True when ``--resume`` found the run already finished and ran nothing (not serialized)
     already_finished: bool = False
@@ -69,6 +83,7 @@ class RunOutcome:
             "stop_reason": self.stop_reason,
             "verified_patches": self.verified_patches,
             "promoted_patches": self.promoted_patches,
+            "sentinels": self.sentinels,
         }
 
     @classmethod
@@ -84,7 +99,8 @@ class RunOutcome:
                    verdicts=[verdict(v) for v in d.get("verdicts", [])],
                    promoted=verdict(d.get("promoted")), stop_reason=d.get("stop_reason"),
                    verified_patches=list(d.get("verified_patches", [])),
-                   promoted_patches=list(d.get("promoted_patches", [])), run_dir=run_dir,
+                   promoted_patches=list(d.get("promoted_patches", [])),
+                   sentinels=list(d.get("sentinels", [])), run_dir=run_dir,
                    already_finished=already_finished)
 
     @property
@@ -133,7 +149,7 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
                bank_url: str | None = None, progress: Callable[[str], None] = print,
                use_experience: bool = True, patches: bool = True,
                proposer: Any = None, fresh_processes: bool = False) -> RunOutcome:
-    """Search ``budget`` trials, verify the best, promote what clears the noise floor.
+    """Search ``budget`` trials, verify the best, promote what clears ``1 + verify.min_effect``.
 
     ``patches=False`` searches launch knobs only (``--no-patches``); ``proposer`` overrides the
     one the task spec implies (LLM when it has an ``llm:`` section, else expert).
@@ -176,7 +192,7 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
             verdicts=verdicts, promoted=promoted, stop_reason=engine.stop_reason,
             verified_patches=[p.id for p in session.patches],
             promoted_patches=promoted_patches(promoted.config, session.patches) if promoted else [],
-            run_dir=run_dir)
+            sentinels=list(session.sentinels), run_dir=run_dir)
         if promoted is not None:
             session.promote(promoted)
         write_json(run_dir / OUTCOME_FILE, outcome.to_dict())
@@ -211,6 +227,8 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         live_path(session.run_dir, trial_id).unlink(missing_ok=True)  # its live state is over
         if origin.startswith("seed:baseline") and record.ok:
             session.baseline_step_s = table.baseline_step_s = record.step_time_s
+        if origin == SENTINEL_ORIGIN:
+            session.sentinel_measured(record, table)
         table.row(len(engine.observations), record, origin, live)
         session.save_state(engine.state_dict())
         # Every trial re-hashes the frozen files and fails when one changed; stop at the first
@@ -220,9 +238,17 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         except FrozenFileChangedError as e:
             searcher.halt(str(e))
 
+    # A doctor baseline is re-measured as a sentinel every SENTINEL_EVERY trials (twice first
+    # when doctor measured it on a busy machine); without one the seed baseline is measured.
+    sentinel = session.backend.baseline_config() if session.baseline_step_s else None
+    first = 2 if sentinel is not None and session.doctor_contended else 0
     searcher = InfraRSISearcher(engine, state_path=state_path, on_record=on_record,
                                 on_suggest=session.open_trial, early_stop=True,
-                                retry=session.retry[:n])
+                                retry=session.retry[:n], sentinel=sentinel,
+                                sentinel_every=SENTINEL_EVERY, sentinel_first=first,
+                                search_trials=n)
+    if sentinel is not None:
+        n += first + n // SENTINEL_EVERY
     trainable = tune.with_parameters(_trainable, spec_dict=session.spec.to_dict(),
                                      run_dir=str(session.run_dir), local_mode=session.local_mode,
                                      patches=[p.to_dict() for p in session.patches],
@@ -272,27 +298,37 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
         key = config_key(r.config)
         if v is not None and key != config_key(baseline) and v > ranked.get(key, (0.0, {}))[0]:
             ranked[key] = (v, r.config)
-    candidates = [c for _, c in sorted(ranked.values(), key=lambda t: -t[0])[:top]]
+    ranked_top = sorted(ranked.values(), key=lambda t: -t[0])[:top]
+    candidates = [c for _, c in ranked_top]
     if not candidates:
         session.progress("verification: no candidate faster than nothing to verify")
         return []
-    mde = session.noise_floor(pairs)
-    if mde is None:
-        mde = DEFAULT_MDE
-        session.progress(f"no doctor noise model for this workload: using a {DEFAULT_MDE:.0%} "
-                         "noise floor (run `infrarsi doctor` for a measured one)")
-    else:
-        session.progress(f"noise floor for {pairs} verification pairs (doctor's noise model): "
-                         f"promote when the speedup's 95% lower bound exceeds {1 + mde:.3f}")
+    min_effect = session.spec.verify.min_effect
+    noise = session.noise
+    session.progress(f"promotion rule: the speedup's one-sided lower bound from the verification's "
+                     f"own pairs must exceed 1 + verify.min_effect = {1 + min_effect:.3f} "
+                     f"(false-promotion rate <= {FALSE_PROMOTION_RATE:.0%} over all looks)")
+    if noise is None:
+        session.progress("no doctor noise model for this workload: planning the default pairs "
+                         "(run `infrarsi doctor` to plan from a measured one)")
+    baseline_obj = _baseline_objective(engine, baseline)
+    backend, steps = _verification_backend(session, noise)
     verdicts = []
     # A resumed run replays the pairs an earlier driver finished and measures the rest under
     # new trial ids (see _verify_resume); every trial it runs heartbeats in the bank and
     # writes its live state, which the view shows while it runs.
-    backend = ResumableVerification(session.backend, session.verification_done(),
+    backend = ResumableVerification(backend, session.verification_done(),
                                     attempt=session.attempt, open_trial=session.open_trial,
                                     record=session.record, live_dir=session.run_dir)
-    for i, cand in enumerate(candidates):
-        table.verify_start(i + 1, len(candidates), pairs, cand)
+    for i, (obj, cand) in enumerate(ranked_top):
+        expected = obj / baseline_obj if baseline_obj else None
+        planned = plan_pairs(noise, min_effect=min_effect, expected_speedup=expected,
+                             default=pairs, cap=4 * pairs, steps=steps)
+        mde = session.noise_floor(planned)
+        table.verify_start(i + 1, len(candidates), planned, cand)
+        table.note(f"  up to {2 * planned} pairs while the verdict is open"
+                   + (f"; doctor's MDE at {planned} pairs {mde:.1%} (planning only)"
+                      if mde is not None else ""))
         last: dict[str, TrialRecord] = {}
 
         def on_record(rec: TrialRecord, origin: str, _last=last) -> None:
@@ -300,11 +336,14 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
             replayed = rec.trial_id in backend.replayed_ids
             _last[origin] = rec
             if origin == "verify:candidate" and "verify:baseline" in _last:
-                table.verify_pair(_last["verify:baseline"], rec, bar=1 + mde, replayed=replayed)
+                table.verify_pair(_last["verify:baseline"], rec, bar=1 + min_effect,
+                                  replayed=replayed)
 
         with _LiveView(table, session.run_dir, backend.running):
-            v = verify_candidate(backend, baseline, cand, pairs=pairs, mde=mde,
-                                 tag=f"verify{i}", max_pairs=2 * pairs, on_record=on_record)
+            v = verify_candidate(backend, baseline, cand, pairs=planned,
+                                 mde=mde if mde is not None else DEFAULT_MDE,
+                                 min_effect=min_effect, tag=f"verify{i}", max_pairs=2 * planned,
+                                 measured_steps=steps, on_record=on_record)
         table.note(("PROMOTABLE: " if v.promoted else "not promoted: ") + v.reason)
         verdicts.append(v)
     if backend.replayed:
@@ -374,3 +413,32 @@ class _NoTuneOutput(ProgressReporter):
 
     def report(self, trials, done: bool, *sys_info: str) -> None:
         return None
+
+def _verification_backend(session: RunSession, noise: dict | None):
+    """The backend the verification's trials run on, and their measured steps: longer trials
+    when doctor's noise model says the step jitter dominates (``plan_trial_length``; both sides
+    of every pair get the same length), at most half the trial timeout long."""
+    steps = session.spec.timing.measured_steps
+    overhead = trial_overhead_steps(session.baseline_records)
+    step_s = session.baseline_step_s
+    room = (int(session.spec.trial.timeout_s / 2 / step_s - (overhead or 0.0))
+            if step_s else None)
+    chosen, why = plan_trial_length(noise, steps=steps, overhead_steps=overhead,
+                                    max_steps=None if room is None else max(steps, min(room, MAX_LENGTHEN * steps)))
+    longer = session.backend.with_measured_steps(chosen) if chosen > steps else None
+    if longer is None:
+        session.progress(f"verification trial length: {steps} measured steps ({why})")
+        return session.backend, steps
+    session.progress(f"verification trial length: {chosen} measured steps instead of {steps} "
+                     f"({why})")
+    return longer, chosen
+
+
+def _baseline_objective(engine: SearchEngine, baseline: dict) -> float | None:
+    """The search's own measure of the baseline (its best ok trial of the baseline config, or
+    doctor's repeats the engine was seeded with), for planning the verification's pairs."""
+    key = config_key(baseline)
+    vals = [engine.objective(r) for r in [*engine.records, *engine.baseline_records]
+            if config_key(r.config) == key]
+    vals = [v for v in vals if v]
+    return sorted(vals)[len(vals) // 2] if vals else None

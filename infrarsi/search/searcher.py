@@ -28,6 +28,8 @@ RECORD_KEY = "record"
 # With ``early_stop=True`` a suggested config carries the engine's early-stop hint under this
 # key; a trainable takes it out with :func:`split_stop_hint` before running the config.
 STOP_HINT_KEY = "_infrarsi_stop_slower_than_s"
+# Origin of a baseline re-measured during the search (InfraRSISearcher(sentinel=...)).
+SENTINEL_ORIGIN = "sentinel:baseline"
 
 
 def split_stop_hint(config: dict[str, Any]) -> tuple[dict[str, Any], float | None]:
@@ -78,12 +80,20 @@ class InfraRSISearcher(Searcher):
     ``retry`` (optional): ``(config, origin)`` pairs suggested before the engine's own, each
     once (a resumed run's trials the killed driver had in flight); their origin gains
     ``:resumed``.
+    ``sentinel`` (optional, the baseline config) is re-measured as a *sentinel* trial (origin
+    ``sentinel:baseline``) ``sentinel_first`` times before the search's first trial and then
+    once every ``sentinel_every`` search trials, so speedups are read against a recent baseline
+    on a machine whose load changes; sentinels are not search trials (the engine does not
+    count them against the budget) but reach ``on_record`` like the others. ``search_trials``
+    (optional) caps the search trials this driver suggests.
     """
 
     def __init__(self, engine: SearchEngine, *, metric: str = "objective", mode: str = "max",
                  state_path: str | os.PathLike | None = None, on_record=None,
                  on_suggest=None, early_stop: bool = False,
-                 retry: list[tuple[dict[str, Any], str]] | None = None) -> None:
+                 retry: list[tuple[dict[str, Any], str]] | None = None,
+                 sentinel: Config | None = None, sentinel_every: int = 0,
+                 sentinel_first: int = 0, search_trials: int | None = None) -> None:
         super().__init__(metric=metric, mode=mode)
         self.early_stop = early_stop
         self.engine = engine
@@ -94,6 +104,13 @@ class InfraRSISearcher(Searcher):
         self._last: dict[str, dict[str, Any]] = {}  # trial_id -> last result reported
         self.halted: str | None = None  # see halt()
         self.retry = list(retry or [])
+        self.sentinel = dict(sentinel) if sentinel is not None else None
+        self.sentinel_every = int(sentinel_every)
+        self.sentinel_first = int(sentinel_first)
+        self.sentinels = 0  # sentinel trials suggested by this driver
+        self._searched = 0  # search trials suggested by this driver
+        self.search_trials = search_trials  # at most this many (Tune's num_samples counts
+        # sentinels too, so it cannot be the limit)
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         if metric:
@@ -112,11 +129,22 @@ class InfraRSISearcher(Searcher):
     def suggest(self, trial_id: str) -> Config | str | None:
         if self.halted:
             return Searcher.FINISHED
+        if self.search_trials is not None and self._searched >= self.search_trials:
+            return Searcher.FINISHED
         if self.retry:
+            self._searched += 1
             return self._suggest_retry(trial_id)
+        if self._sentinel_due():
+            self.sentinels += 1
+            self._live[trial_id] = {"config": self.sentinel, "origin": SENTINEL_ORIGIN,
+                                    "predicted": None, "pairing": None, "started": time.time()}
+            if self.on_suggest is not None:
+                self.on_suggest(trial_id, self.sentinel, SENTINEL_ORIGIN)
+            return dict(self.sentinel)
         sug = self.engine.suggest(trial_id)
         if sug is None:
             return Searcher.FINISHED
+        self._searched += 1
         self._live[trial_id] = {"config": sug.config, "origin": sug.origin,
                                 "predicted": sug.predicted, "pairing": sug.pairing,
                                 "started": time.time()}
@@ -137,6 +165,19 @@ class InfraRSISearcher(Searcher):
             self.on_suggest(trial_id, dict(config), origin)
         return dict(config)
 
+    def _sentinel_due(self) -> bool:
+        if self.sentinel is None:
+            return False
+        if self.sentinels < self.sentinel_first:
+            return True
+        eng = self.engine
+        cap = eng.budget if self.search_trials is None else self.search_trials
+        room = (self._searched < cap and len(eng.observations) + len(eng.pending) < eng.budget
+                and not eng.stop_reason)
+        later = self.sentinels - self.sentinel_first
+        return bool(self.sentinel_every and room
+                    and self._searched >= (later + 1) * self.sentinel_every)
+
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         self._last[trial_id] = result
 
@@ -150,7 +191,8 @@ class InfraRSISearcher(Searcher):
         if record is None:
             return  # not ours (e.g. a trial restored from another searcher)
         origin = live["origin"] if live else "restored"
-        self.engine.observe(record, origin, trial_id=trial_id)
+        if origin != SENTINEL_ORIGIN:
+            self.engine.observe(record, origin, trial_id=trial_id)
         if self.on_record is not None:
             self.on_record(trial_id, record, origin, live)
         if self.state_path is not None:

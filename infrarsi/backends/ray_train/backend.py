@@ -7,6 +7,8 @@ process-level settings (``_pool``); ``fresh_processes=True`` runs every trial as
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import tempfile
 import time
@@ -165,6 +167,14 @@ class RayTrainBackend(Backend):
         if self.contract is not None:
             return self._space.normalize(self.contract.baseline_config)
         return self._space.defaults()
+
+    def with_measured_steps(self, steps: int) -> RayTrainBackend:
+        """Trials whose harness times ``steps`` steps: the task's ``timing.measured_steps`` in
+        the payload (the harness owns the clock; each step is timed as before)."""
+        other = copy.copy(self)
+        other.spec = dataclasses.replace(
+            self.spec, timing=dataclasses.replace(self.spec.timing, measured_steps=int(steps)))
+        return other
 
     # ---- one trial --------------------------------------------------------------------
     def payload(self, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,9 @@ and for computing the best config of a space, never for a searcher).
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import math
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -84,6 +86,22 @@ class SimulatorBackend(Backend):
                                   baseline=workload.baseline, restrict=workload.restrict)
         self._runs: Counter[str] = Counter()
         self._noise_tag: str | None = None  # see reseed
+        self._drift = [0.0, 0]  # the machine's load level and trials drawn (shared by copies)
+
+    def with_measured_steps(self, steps: int) -> SimulatorBackend:
+        """The same simulated cluster whose trials measure ``steps`` steps (shared noise state)."""
+        other = copy.copy(self)
+        other.params = self.params.replace(measured_steps=int(steps))
+        return other
+
+    def _drift_level(self) -> float:
+        """The next trial's log load factor: AR(1) over the trials in the order they run."""
+        p, d = self.params, self._drift
+        rng = self._rng(f"drift|{self._noise_tag}", d[1])
+        d[0] = p.noise_drift_rho * d[0] + math.sqrt(1 - p.noise_drift_rho**2) * rng.normal(
+            0.0, p.noise_drift_cv)
+        d[1] += 1
+        return d[0]
 
     def reseed(self, seed: int | None) -> None:
         """Draw the next trials' noise from ``seed`` alone (with the config), not from how many
@@ -188,7 +206,12 @@ class SimulatorBackend(Backend):
                                memory_censor_bytes=out.capacity_bytes, device_seconds=wall * n,
                                wall_seconds=wall, **common)
         trial_factor = rng.lognormal(0.0, p.noise_trial_cv)
+        if p.noise_drift_cv > 0:
+            trial_factor *= math.exp(self._drift_level())
         steps = out.step_time_s * trial_factor * rng.lognormal(0.0, p.noise_step_cv, p.measured_steps)
+        if p.noise_stall_prob > 0:
+            steps = np.where(rng.random(p.measured_steps) < p.noise_stall_prob,
+                             steps * p.noise_stall_factor, steps)
         check = EARLY_STOP_CHECK_STEPS  # the harness's early stop, simulated the same way
         if len(steps) > check and clearly_slower(steps[:check], stop_slower_than_s):
             steps = steps[:check]

@@ -60,6 +60,14 @@ class SimParams:
     measured_steps: int = 5
     noise_trial_cv: float = 0.01
     noise_step_cv: float = 0.015
+    # A shared machine (``infrarsi.backends.simulator.noise.fit_noise`` fits these from real A/A
+    # trials): a slow load level over consecutive trials (AR(1), log-SD ``noise_drift_cv``,
+    # lag-1 correlation ``noise_drift_rho``) and stalled steps (a step stalls with probability
+    # ``noise_stall_prob`` and takes ``noise_stall_factor`` times as long). Off by default.
+    noise_drift_cv: float = 0.0
+    noise_drift_rho: float = 0.9
+    noise_stall_prob: float = 0.0
+    noise_stall_factor: float = 2.0
 
     def replace(self, **changes: Any) -> SimParams:
         return dataclasses.replace(self, **changes)
