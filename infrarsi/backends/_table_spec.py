@@ -30,7 +30,10 @@ class KnobSpec:
     """One knob column. ``searched: false`` marks a knob that follows from the others and the
     workload (e.g. data-parallel degree = devices / (tp * pp)); per-knob samplers do not draw it
     and the table resolves it from the measured rows. ``type`` is inferred when omitted; a
-    column whose values do not share one type is refused."""
+    column whose values do not share one type is refused. ``values`` maps a cell's text to the
+    knob value it means, in the vocabulary the physics and the priors read (e.g. ``{every_layer:
+    full, disabled: none}`` for activation checkpointing, ``{1: full, 0: none}``); cells not
+    named there are parsed as ``type``."""
 
     name: str
     column: str
@@ -38,6 +41,7 @@ class KnobSpec:
     type: str | None = None
     searched: bool = True
     description: str = ""
+    values: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -185,13 +189,17 @@ def _project_root() -> Path:
 
 
 def resolve_csv_path(spec: TableSpec, override: str | Path | None = None) -> Path:
-    """Where the CSV is: ``override``, else ``spec.csv`` if absolute, else under
+    """Where the CSV is: ``override``, else ``spec.csv`` if absolute or found relative to the
+    spec file's folder, else under
     ``$INFRARSI_DATA_DIR`` when set, else under ``spec.data_dir`` relative to the project root."""
     if override is not None:
         return Path(override)
     csv = Path(spec.csv)
     if csv.is_absolute():
         return csv
+    beside = Path(spec.source_file).parent / csv if spec.source_file else None
+    if beside is not None and beside.is_file():  # a relative path reads from the spec's folder
+        return beside.resolve()
     env = os.environ.get("INFRARSI_DATA_DIR")
     base = Path(env) if env else _project_root() / spec.data_dir
     return (base / csv).resolve()

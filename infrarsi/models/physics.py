@@ -52,6 +52,26 @@ _ACT_PER_TOKEN = {"none": 34.0, "selective": 18.0, "full": 2.0}
 _ATTN_PER_TOKEN, _DENSE_MLP_PER_TOKEN = 15.0, 19.0
 
 
+# The values the estimates below tell apart, per role; any other value of such a knob is read
+# as the role's default (e.g. an activation-checkpointing column holding "every_layer" or 1
+# reads as no recompute), which a table spec fixes with a value alias (``values:``).
+_VOCABULARY: dict[str, tuple[Any, ...]] = {
+    "ac": ("none", "selective", "full", True, False),
+    "zero": (0, 1, 2, 3, "ddp", "fsdp"),
+    "precision": ("bf16", "fp16", "fp32", "fp8"),
+}
+
+
+def unread_values(knob: str, values: Any) -> list[Any]:
+    """The values of ``knob`` that the physics does not understand (read as the role's default);
+    empty for a knob it has no vocabulary for. Strict on type: 1 is not True here."""
+    role = next((r for r, names in ROLES.items() if knob in names), None)
+    vocab = _VOCABULARY.get(role or "")
+    if vocab is None:
+        return []
+    return [v for v in values if not any(v == u and type(v) is type(u) for u in vocab)]
+
+
 def layout(config: Mapping[str, Any]) -> dict[str, Any]:
     """The config's value of every role (its default where the config has no such knob)."""
     out = dict(_DEFAULTS)

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
+from infrarsi.bank.transfer import project_records
 from infrarsi.models import FeatureEncoder, KnobPrior, PeakMemoryModel, StepTimeModel, revise_priors
 from infrarsi.models.crash import CrashModel, crash_dataset
 from infrarsi.models.priors import monotone_signs
@@ -89,18 +90,9 @@ def _fmt_config(config: Config) -> str:
 
 
 def transferable(space: SearchSpace, records: Sequence[TrialRecord]) -> list[TrialRecord]:
-    """The records whose configs live in ``space`` (a knob they lack ran at its default).
-
-    A bank holds trials of every space (simulated clusters, other tasks, other knob sets);
-    only those the encoder can place in this space carry over.
-    """
-    domains = {k.name: k.values for k in space.knobs}
-    out = []
-    for r in records:
-        cfg = r.config
-        if all(name in domains and value in domains[name] for name, value in cfg.items()):
-            out.append(r)
-    return out
+    """The records the encoder can place in ``space``, projected (see
+    :func:`infrarsi.bank.transfer.project_records`, which also says why any were dropped)."""
+    return project_records(space, records).records
 
 
 @dataclass
@@ -268,7 +260,8 @@ class SearchEngine:
         self.hardware = hardware
         self.budget = budget
         self.seed = seed
-        self.experience = nearest_experience(transferable(space, experience), workload, hardware,
+        self.projection = project_records(space, experience)
+        self.experience = nearest_experience(self.projection.records, workload, hardware,
                                              max_experience)
         self.priors = list(priors)
         self.objective = objective or default_objective
@@ -571,7 +564,9 @@ class SearchEngine:
             safe &= np.array([config_key(c) not in taken for c in self.pool])
             idx = np.flatnonzero(safe)
             top = idx[np.argsort(fit.mu[idx])[: max(5 * k, k)]]
-            order = maximin(self._X_pool[top], k, start=0)
+            # the seed picks which of the k best predicted starts the spread: ten search seeds
+            # are ten searches, not one (ties and near-ties among the best are common)
+            order = maximin(self._X_pool[top], k, start=random.Random(self.seed).randrange(min(k, len(top))))
             source = "experience" if self.experience else "priors"
             for j in order:
                 i = int(top[j])
@@ -617,6 +612,7 @@ class SearchEngine:
             has = np.array([any(c.get(k) == v for k, v in suspects) for c in self.pool])
             p_fit = np.where(has, p_fit * SUSPECT_FIT, p_fit)
         acq = np.where(free, np.where(free, ei, 0.0) * p_fit, -np.inf)
+        acq = acq * (1.0 + 1e-3 * np.random.default_rng(self.seed).random(len(acq)))  # seeded tie-break
         risk = self.oom_risk_cap()
         safe = free & (1.0 - p_fit <= risk)  # a suspect setting is a risk like an OOM is
         if not safe.any():
