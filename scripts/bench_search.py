@@ -69,7 +69,12 @@ def _experience_source(a: argparse.Namespace, backends):
     pooled = []
     for spec in (a.experience_from or "").split(","):
         if spec.strip():
-            for b in WORKLOAD_SOURCES["table"]({"spec": spec.strip()}):
+            spec = spec.strip()
+            if spec.startswith("sim:"):  # the simulator's built-ins on one GPU, e.g. sim:H100-80GB
+                group = WORKLOAD_SOURCES["simulator"]({"gpus": [spec[4:]]})
+            else:
+                group = WORKLOAD_SOURCES["table"]({"spec": spec})
+            for b in group:
                 pooled += b.records()
     bank = None
     if a.experience_bank:
@@ -147,11 +152,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help="measure Tune overhead and check tune == inline on N workloads (0: skip)")
     p.add_argument("--experience-from", metavar="SPEC[,SPEC]",
                    help="the +exp rows start from every record of these table specs (e.g. "
-                        "configs/tables/ultrascale.yaml: H100 experience for an A100 table) "
+                        "configs/tables/ultrascale.yaml: H100 experience for an A100 table; "
+                        "sim:H100-80GB, the simulator's built-ins on that GPU) "
                         "instead of the searched table's other workloads")
     p.add_argument("--experience-bank", metavar="URL",
                    help="the +exp rows start from a bank's nearest records (as `infrarsi run` "
                         "queries it), leaving out the searched workload's own")
+    p.add_argument("--sim-gpus", metavar="GPU[,GPU]",
+                   help="simulator: run every workload on each of these GPUs (e.g. "
+                        "A100-40GB,A100-80GB,H200-141GB,MI300X-192GB)")
     p.add_argument("--min-configs", type=int, default=0,
                    help="only workloads with at least this many measured configs")
     p.add_argument("--budget-third", action="store_true",
@@ -173,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t_start = time.perf_counter()
     source = WORKLOAD_SOURCES[a.source]
-    backends = source({"spec": a.spec, "csv": a.csv, "workloads": _parse_workloads(a.workloads)})
+    backends = source({"spec": a.spec, "csv": a.csv, "workloads": _parse_workloads(a.workloads),
+                       "gpus": [g for g in (a.sim_gpus or "").split(",") if g]})
     skipped = [b for b in backends if getattr(b, "best_objective", lambda: 1)() is None]
     backends = [b for b in backends if b not in skipped]
     for b in skipped:
