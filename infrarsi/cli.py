@@ -1,5 +1,8 @@
 """The ``infrarsi`` command line: one subcommand per stage, plus ``trial`` and ``bank``.
 
+A thin layer over the Python API (:mod:`infrarsi.api`): each stage's command parses its
+arguments, calls the stage's function and prints the typed result.
+
 Exit codes: 0 success; 1 the stage ran and failed (e.g. the trial did not come back ok);
 2 a usage error or bad input (the message says what to fix); 4 the contract is broken (a frozen
 file changed). Tracebacks only with ``--debug``.
@@ -38,10 +41,11 @@ def _parse_set(items: Sequence[str]) -> dict[str, Any]:
 
 # ---- subcommands ----------------------------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
-    from infrarsi.contract import init_task
+    from infrarsi.api import init
 
-    contract, path, record = init_task(args.task, run_dir=args.run_dir, local_mode=args.local_mode)
-    print(f"baseline: {record.summary()}")
+    result = init(args.task, run_dir=args.run_dir, local_mode=args.local_mode)
+    contract, path = result.contract, result.contract_path
+    print(f"baseline: {result.baseline.summary()}")
     print(f"frozen files: {len(contract.frozen_files)}; editable: {', '.join(contract.editable)}")
     print(f"work per step: {contract.work['tokens_per_step']:,} tokens "
           f"({contract.work['global_batch_size']} x {contract.work['seq_len']}), "
@@ -55,7 +59,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_trial(args: argparse.Namespace) -> int:
     from infrarsi.backends.ray_train import RayTrainBackend
-    from infrarsi.contract import CONTRACT_FILE, Contract, load_task
+    from infrarsi.contract import Contract, load_task
+    from infrarsi.rundir import CONTRACT_FILE
 
     spec = load_task(args.task)
     run_dir = Path(args.run_dir) if args.run_dir else spec.run_path()
@@ -75,12 +80,13 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
 def _with_patches(backend, run_dir: Path, overrides: dict[str, Any]):
     """``--set patch:<id>=true``: run in a copy with that patch of the run's verified ones."""
-    from infrarsi.patches import KNOB_PREFIX
+    from infrarsi.space import is_patch_knob, patch_id_of
 
-    wanted = [k[len(KNOB_PREFIX):] for k in overrides if k.startswith(KNOB_PREFIX)]
+    wanted = [patch_id_of(k) for k in overrides if is_patch_knob(k)]
     if not wanted:
         return backend
-    from infrarsi.search._patch_stage import PATCHES_FILE, load_setup
+    from infrarsi.rundir import PATCHES_FILE
+    from infrarsi.search._patch_stage import load_setup
     from infrarsi.search._patched import PatchedBackend
 
     setup = load_setup(run_dir)
@@ -112,15 +118,12 @@ def _print_record_details(record) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from infrarsi.contract import resolve_run_dir
-    from infrarsi.search.run_stage import run_search
+    from infrarsi.api import run
 
-    run_dir = resolve_run_dir(args.run_dir)
-    outcome = run_search(run_dir, budget=args.budget, resume=args.resume,
-                         verify_top=args.verify_top, pairs=args.pairs,
-                         max_concurrent=args.max_concurrent, local_mode=args.local_mode,
-                         bank_url=args.bank_url, use_experience=not args.cold,
-                         patches=not args.no_patches)
+    outcome = run(args.run_dir, budget=args.budget, resume=args.resume,
+                  verify_top=args.verify_top, pairs=args.pairs,
+                  max_concurrent=args.max_concurrent, local_mode=args.local_mode,
+                  bank_url=args.bank_url, cold=args.cold, patches=not args.no_patches)
     # a search in which no trial ran ok found nothing: say so to scripts and `ray job submit`
     return EXIT_OK if outcome.best is not None else EXIT_FAILED
 
@@ -151,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run in this process with ScalingConfig(num_workers=0)")
     s.set_defaults(func=cmd_trial)
 
-    from infrarsi.doctor.noise import DEFAULT_PAIRS
+    from infrarsi.stats import DEFAULT_PAIRS
 
     s = sub.add_parser("run", help="search knobs with real trials, then verify and promote")
     s.add_argument("--budget", type=int, required=True,
@@ -179,9 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_doctor_subcommand(sub)
 
-    from infrarsi.report._cli import add_report_subcommands
+    from infrarsi.report._cli import add_report_subcommand
 
-    add_report_subcommands(sub)
+    add_report_subcommand(sub)
+
+    from infrarsi.apply._cli import add_apply_subcommand
+
+    add_apply_subcommand(sub)
 
     try:
         from infrarsi.bank._cli import add_bank_subcommands

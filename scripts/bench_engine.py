@@ -25,8 +25,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infrarsi.bench import build_search_alg, execute_trial  # noqa: E402
+from infrarsi.bench._ours import EXPERIENCE_CACHE  # noqa: E402
 from infrarsi.bench._sources import table_workloads  # noqa: E402
-from infrarsi.search import engine as engine_mod  # noqa: E402
 
 
 def one_search(backend, experience, budget: int, seed: int) -> list[float]:
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {size:>10}: only {len(pool)} records available; skipped")
             continue
         exp = random.Random(size).sample(pool, size)
-        engine_mod._EXPERIENCE_CACHE.clear()  # noqa: SLF001 - measure the cold fit too
+        EXPERIENCE_CACHE.clear()  # measure the cold fit too
         for seed in range(args.seeds):
             t = one_search(target, exp, args.budget, seed)
             q = statistics.quantiles(t, n=10)[-1] if len(t) >= 2 else t[0]

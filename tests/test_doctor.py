@@ -270,7 +270,7 @@ def test_the_run_stage_reads_doctors_baseline_trials_for_its_models(tmp_path):
 def test_doctor_end_to_end_on_cpu_dense(tmp_path, ray_local):
     from infrarsi.bank import ExperienceBank
     from infrarsi.cli import main
-    from infrarsi.contract import init_task
+    from infrarsi.init_stage import init_task
 
     task = copy_task(tmp_path, **{"timing.measured_steps": 3})
     _, _, _ = init_task(task, run_dir=tmp_path / "run")

@@ -236,7 +236,8 @@ def test_patched_workspace_runs_through_ray_train_and_passes_the_contract(tmp_pa
     from conftest import copy_task
 
     from infrarsi.backends.ray_train import RayTrainBackend
-    from infrarsi.contract import Contract, init_task, load_task
+    from infrarsi.contract import Contract, load_task
+    from infrarsi.init_stage import init_task
     from infrarsi.trial import TrialStatus
 
     path = copy_task(tmp_path, "cpu_dense.yaml", **{"timing.measured_steps": 2,

@@ -9,9 +9,10 @@ import torch
 from conftest import copy_task, inject_into_dense
 
 from infrarsi.backends.ray_train import RayTrainBackend
-from infrarsi.contract import Contract, init_task, load_task
+from infrarsi.contract import Contract, load_task
 from infrarsi.errors import ConfigError, IllegalConfigError
 from infrarsi.harness.train import SETTLE_STEPS
+from infrarsi.init_stage import init_task
 from infrarsi.trial import ErrorKind, TrialStatus
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,5 @@
-"""The head-node notebook runs end to end on the CPU workload with a tiny budget (nbclient)."""
+"""The head-node notebook runs end to end on the CPU workload with a tiny budget (nbclient),
+through the Python API (``infrarsi.init/doctor/run/report``), not the command line."""
 
 from __future__ import annotations
 
@@ -21,12 +22,16 @@ def test_notebook_runs_all_stages(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "infrarsi.cli" not in code and "main([" not in code
+    for stage in ("init", "doctor", "run", "report"):
+        assert f"infrarsi.{stage}(" in code
     client = nbclient.NotebookClient(nb, timeout=1200, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOK.parent)}})
     client.execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     text = "".join(o.get("text", "") for o in outputs)
-    assert "contract" in text and "search trials" in text
+    assert "contract" in text and "search trials" in text and "doctor: noise floor" in text
     assert (run_dir / "report" / "report.html").is_file()
     assert text.strip().count("report: ") >= 1
     pngs = [o for o in outputs if "image/png" in o.get("data", {})]

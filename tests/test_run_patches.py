@@ -247,7 +247,7 @@ def test_cli_run_has_no_patches(monkeypatch, run_dir):
 # ---- a real run -------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_run_verifies_searches_and_records_patches_on_cpu_dense(tmp_path, ray_local, monkeypatch):
-    from infrarsi.contract import init_task
+    from infrarsi.init_stage import init_task
     from infrarsi.search.run_stage import OUTCOME_FILE, run_search
 
     # One rank, trials in the Tune trial process (Train local mode): the run stage end to end
@@ -297,8 +297,8 @@ def test_a_run_verifies_searches_and_records_patches_on_cpu_dense(tmp_path, ray_
 
 @pytest.mark.slow
 def test_a_frozen_file_changed_mid_run_stops_the_search_at_the_next_trial(tmp_path, ray_local):
-    from infrarsi.contract import init_task
     from infrarsi.errors import FrozenFileChangedError
+    from infrarsi.init_stage import init_task
     from infrarsi.search.run_stage import STATE_FILE, run_search
 
     path = copy_task(tmp_path, "cpu_dense.yaml", **{

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,18 @@ from infrarsi.apply._git import (
 from infrarsi.errors import FrozenFileChangedError
 from infrarsi.report._audit import trial_command
 from infrarsi.report._data import ReportData, load_report_data
+from infrarsi.rundir import resolve_run_dir
+from infrarsi.space import is_patch_knob, launch_knobs
 
 CONFIG_DIR = "infrarsi/promoted"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ApplyResult:
+    """The branch apply created: ``repo``, ``branch``, its ``commit`` and the ``base`` it grew
+    from, the ``files`` it changed, the launch ``config_path``, the commit ``message`` and the
+    equivalent ``command`` line."""
+
     repo: Path
     branch: str
     commit: str
@@ -48,11 +54,15 @@ class ApplyResult:
     message: str = ""
     command: str = ""
 
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "repo": str(self.repo), "files": list(self.files)}
 
-def apply_run(run_dir: str | Path, *, repo: str | Path | None = None, branch: str | None = None,
+
+def apply_run(run_dir: str | Path | None = None, *, repo: str | Path | None = None, branch: str | None = None,
               bank_url: str | None = None, config_path: str | None = None) -> ApplyResult:
-    """Commit the promoted result of ``run_dir`` on a new branch of ``repo``; see the module doc."""
-    data = load_report_data(run_dir, bank_url=bank_url)
+    """Commit the promoted result of ``run_dir`` (default: the last ``infrarsi init``) on a new
+    branch of ``repo``; see the module doc. Raises :class:`ApplyRefusedError` saying why not."""
+    data = load_report_data(Path(run_dir) if run_dir else resolve_run_dir(None), bank_url=bank_url)
     if not data.promoted:
         why = data.partial or data.not_promoted
         raise ApplyRefusedError(f"run {data.run_id} has no promotion, so there is nothing to apply: "
@@ -155,10 +165,9 @@ def _launch_yaml(data: ReportData, command: str) -> str:
                      "interleaved_pairs": len(v.get("pairs") or []), "mde": _r(v.get("mde")),
                      "method": "paired A/B against the untouched baseline, t-interval on log ratio"},
         "changed": {k: {"from": a, "to": b} for k, (a, b) in
-                    sorted(data.changed(data.winner_config).items()) if not k.startswith("patch:")},
+                    sorted(data.changed(data.winner_config).items()) if not is_patch_knob(k)},
         "patches_applied": data.patch_ids(),
-        "config": {k: x for k, x in sorted((data.winner_config or {}).items())
-                   if not k.startswith("patch:")},
+        "config": dict(sorted(launch_knobs(data.winner_config or {}).items())),
         "command": command.replace("\\\n    ", ""),
     }
     head = (f"# Launch config promoted by InfraRSI run {data.run_id}.\n"
@@ -188,7 +197,7 @@ def commit_message(data: ReportData, files: list[str], command: str) -> str:
                      f"{a.peak_bytes / 2**20:.0f} MiB.")
     lines += ["", "Changed knobs:"]
     lines += [f"  {k}: {x} -> {y}" for k, (x, y) in sorted(data.changed(data.winner_config).items())
-              if not k.startswith("patch:")] or ["  (none)"]
+              if not is_patch_knob(k)] or ["  (none)"]
     for e in data.patches:
         lines.append(f"Patch {e.patch_id} (verified; touches {', '.join(e.files)}):")
         lines += [f"  {k}: {val}" for k, val in (e.evidence or {}).items()]

@@ -10,6 +10,11 @@ from __future__ import annotations
 from infrarsi.bench._peers import METRIC, register_searcher
 from infrarsi.proposers import ExpertProposer
 from infrarsi.search import InfraRSISearcher, SearchEngine
+from infrarsi.search.engine import ExperienceCache
+
+# The benchmark runs many searches with the same leave-one-out experience: they share one cache
+# and fit each experience set once (the fit is deterministic, so sharing changes no decision).
+EXPERIENCE_CACHE = ExperienceCache()
 
 
 @register_searcher("infrarsi", uses_experience=True)
@@ -20,5 +25,5 @@ def make_infrarsi(space, backend, budget, seed, experience=None):
                           baseline=backend.baseline_config(), priors=priors,
                           # cold, the baseline is the first seed (as `infrarsi run` without a
                           # doctor baseline): its peak anchors the memory model's priors
-                          include_baseline=not experience)
+                          include_baseline=not experience, experience_cache=EXPERIENCE_CACHE)
     return InfraRSISearcher(engine, metric=METRIC, mode="max")

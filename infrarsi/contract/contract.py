@@ -20,9 +20,9 @@ from typing import Any
 
 from infrarsi.contract.spec import TaskSpec
 from infrarsi.errors import ContractError, FrozenFileChangedError
+from infrarsi.rundir import CONTRACT_FILE
 
 SCHEMA = 1
-CONTRACT_FILE = "contract.json"
 # Relative loss tolerance per compute precision, used when the task spec does not set one.
 # fp32 differs between configs only by summation order; bf16 autocast rounds every matmul.
 DEFAULT_LOSS_RTOL = {"fp32": 2e-3, "bf16": 3e-2}
@@ -120,7 +120,7 @@ class Contract:
 
     # ---- checks -----------------------------------------------------------------------
     def spec(self) -> TaskSpec:
-        return TaskSpec.from_dict(self.task, source="contract.json")
+        return TaskSpec.from_dict(self.task, source=CONTRACT_FILE)
 
     def verify_frozen(self) -> None:
         """Raise FrozenFileChangedError naming every frozen file that changed or vanished."""

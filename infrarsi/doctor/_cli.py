@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from infrarsi.doctor.noise import DEFAULT_PAIRS
-from infrarsi.search.verify import DEFAULT_MDE
+from infrarsi.stats import DEFAULT_MDE, DEFAULT_PAIRS
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

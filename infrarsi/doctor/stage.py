@@ -5,36 +5,36 @@ Every baseline repeat is a separate trial through the search's own trial path
 go to the bank under a run of their own (origin ``doctor:baseline``); the summary (the payload
 below) goes to the bank with ``record_baseline`` and to ``doctor.json`` in the run directory.
 
-Payload keys the later stages read: ``baseline_step_s`` and ``noise["mde"]`` (the run stage's
-verifier threshold), ``profile["fractions"]``, ``mfu``, ``matmul`` (CPU: measured fp32 and bf16
-matmul FLOP/s), ``findings`` (report); :func:`proposer_findings` is the proposers' digest.
+The later stages read the payload as a :class:`~infrarsi.doctor.record.DoctorRecord`
+(``baseline_step_s`` and ``noise["mde"]``: the run stage's verifier threshold; ``profile``,
+``mfu`` with its peak, ``matmul`` (CPU: measured fp32 and bf16 matmul FLOP/s), ``findings``:
+the report); :func:`~infrarsi.doctor.record.proposer_findings` is the proposers' digest.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
-import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infrarsi.contract import Contract, resolve_run_dir
+from infrarsi.contract import Contract
 from infrarsi.doctor.findings import bottleneck_findings
 from infrarsi.doctor.mfu import compute_mfu, matmul_speeds
-from infrarsi.doctor.noise import DEFAULT_PAIRS, noise_model
 from infrarsi.doctor.profile import summarize_profile
+from infrarsi.doctor.record import DoctorRecord, proposer_findings
 from infrarsi.doctor.table import format_summary
 from infrarsi.errors import BankError, InfraRSIError
-from infrarsi.search.verify import DEFAULT_MDE
+from infrarsi.rundir import DOCTOR_FILE, local_bank_url, resolve_run_dir, write_json
+from infrarsi.stats import DEFAULT_MDE, DEFAULT_PAIRS, noise_model
 from infrarsi.trial import SoftwareVersions, TrialRecord, TrialStatus
 
-__all__ = ["DOCTOR_FILE", "BaselineUnusableError", "DoctorResult", "loss_spread", "run_doctor"]
+__all__ = ["DOCTOR_FILE", "BaselineUnusableError", "DoctorResult", "loss_spread",
+           "proposer_findings", "run_doctor"]
 
-DOCTOR_FILE = "doctor.json"
 ORIGIN = "doctor:baseline"
 
 
@@ -45,10 +45,27 @@ class BaselineUnusableError(InfraRSIError):
 
 @dataclass(frozen=True)
 class DoctorResult:
+    """What ``infrarsi doctor`` ends with: the bank run of the baseline repeats (``run_id``),
+    doctor's record (``record``; ``payload`` is its JSON form, as in ``path``: doctor.json) and
+    the repeats' trial records."""
+
     run_id: str
     payload: dict[str, Any]
     path: Path
     records: tuple[TrialRecord, ...]
+
+    @property
+    def record(self) -> DoctorRecord:
+        return DoctorRecord.from_dict(self.payload)
+
+    @property
+    def mde(self) -> float | None:
+        """The measured noise floor (a fraction) for doctor's planned pairs."""
+        return self.record.mde
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "path": str(self.path), "payload": self.payload,
+                "records": [r.to_dict() for r in self.records]}
 
 
 def run_doctor(run_dir: str | Path | None = None, *, repeats: int = 3, pairs: int = DEFAULT_PAIRS,
@@ -108,7 +125,7 @@ def _open_bank(url: str | None, run_dir: Path, out: Callable[[str], None]):
     try:
         return ExperienceBank.open(url, retry_s=10.0)
     except BankError as e:
-        fallback = f"sqlite:///{(Path(run_dir) / 'bank.sqlite').resolve()}"
+        fallback = local_bank_url(run_dir)
         out(f"warning: the experience bank is unreachable ({e}); using {fallback}")
         return ExperienceBank.open(fallback, seed=False)
 
@@ -217,32 +234,8 @@ def _payload(records: Sequence[TrialRecord], contract: Contract, backend, config
     }
 
 
-def proposer_findings(payload: dict[str, Any] | None) -> dict[str, Any]:
-    """The proposers' context ``findings``: a compact digest of doctor's payload (the LLM prompt
-    carries it whole): baseline step, phase fractions, MFU, measured matmul speeds (CPU), peak
-    memory against capacity, and the findings' sentences. Empty without a doctor run."""
-    if not payload:
-        return {}
-    prof = payload.get("profile") or {}
-    return {"baseline_step_s": payload.get("baseline_step_s"),
-            "phase_fractions": prof.get("fractions") or {},
-            "mfu": (payload.get("mfu") or {}).get("mfu"),
-            "matmul": payload.get("matmul"),
-            "peak_memory_bytes": prof.get("peak_memory_bytes"),
-            "memory_capacity_bytes": payload.get("memory_capacity_bytes"),
-            "bottlenecks": [f.get("message") for f in payload.get("findings") or []]}
-
-
 def _save(run_dir: Path, payload: dict[str, Any]) -> Path:
-    path = Path(run_dir) / DOCTOR_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=_jsonable))
-    os.replace(tmp, path)
-    return path
-
-
-def _jsonable(v: Any) -> Any:
-    return str(v)
+    return write_json(Path(run_dir) / DOCTOR_FILE, payload, sort_keys=True)
 
 
 def _finite(v: Any) -> Any:

@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 
 from infrarsi.errors import ConfigError
+from infrarsi.space import PATCH_KNOB_PREFIX as KNOB_PREFIX
 
-KNOB_PREFIX = "patch:"
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from infrarsi.patches._diff import DiffError
 from infrarsi.patches._patch import Patch
 from infrarsi.patches._workspace import Scope, apply_patch, copy_workspace
-from infrarsi.space import Knob, Rule
+from infrarsi.space import Knob, Rule, patch_knob
 
 
 def patch_knobs(verified: Iterable[Patch]) -> list[Knob]:
@@ -44,7 +44,7 @@ def patch_rules(verified: Sequence[Patch], workspace: Path, scope: Scope | None 
 def conflict_rules(conflicts: Sequence[tuple[str, str, str]]) -> list[Rule]:
     """Rules keeping each conflicting pair ``(id, id, why)`` out of one config (plain data in,
     so a trial process rebuilds them without re-applying patches)."""
-    return [Rule(f"patches {a}+{b}", _conflict(f"patch:{a}", f"patch:{b}", why))
+    return [Rule(f"patches {a}+{b}", _conflict(patch_knob(a), patch_knob(b), why))
             for a, b, why in conflicts]
 
 

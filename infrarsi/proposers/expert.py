@@ -23,6 +23,7 @@ from typing import Any
 from infrarsi.models.priors import KnobPrior
 from infrarsi.patches import DiffError, Patch, apply_patch, copy_workspace, honest_patches
 from infrarsi.proposers.base import Context, Proposer, device_kind, family, scope_of, workspace_of
+from infrarsi.space import is_patch_knob, patch_knob
 
 Effect = tuple[float | None, float, float | None, float]  # time, time std, mem, mem std
 Rule = Callable[[Any, Any, str], Effect | None]  # (value, default, device) -> effect
@@ -70,7 +71,7 @@ GEMM_SHARE_CPU = 0.6
 
 
 # Patches that keep an MoE's expert matmuls to a few shapes (see _precision_measured).
-SHAPE_STABLE_PATCHES = ("patch:moe_shape_buckets",)
+SHAPE_STABLE_PATCHES = (patch_knob("moe_shape_buckets"),)
 
 
 def _precision_measured(v, d, dev, context):
@@ -212,7 +213,7 @@ class ExpertProposer(Proposer):
         space, dev = context["space"], device_kind(context)
         out = []
         for knob in space.knobs:
-            if knob.name.startswith("patch:"):
+            if is_patch_knob(knob.name):
                 out += self._patch_prior(knob, context)
                 continue
             rule = RULES.get(knob.name)

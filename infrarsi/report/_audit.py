@@ -9,6 +9,7 @@ from typing import Any
 
 from infrarsi.contract.contract import frozen_paths, sha256_file
 from infrarsi.report._data import ReportData
+from infrarsi.space import is_patch_knob
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def trial_command(data: ReportData, config: dict[str, Any] | None, *,
     head += ["--run-dir", str(data.run_dir)] if run_dir else []
     head = " ".join(shlex.quote(x) for x in head)
     sets = [f"--set {shlex.quote(f'{k}={_value(a)}')}" for k, (_, a) in sorted(data.changed(config).items())
-            if patches or not k.startswith("patch:")]
+            if patches or not is_patch_knob(k)]
     return " \\\n    ".join([head, *sets])
 
 

@@ -9,24 +9,27 @@ A missing optional source makes the report say so; it never makes the report fai
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infrarsi.contract import CONTRACT_FILE, Contract
+from infrarsi.contract import Contract
+from infrarsi.doctor.record import DoctorRecord
 from infrarsi.errors import BankError, InfraRSIError
+from infrarsi.rundir import (
+    CONTRACT_FILE,
+    DOCTOR_FILE,
+    LOCAL_BANK_FILE,
+    OUTCOME_FILE,
+    RUN_FILE,
+    STATE_FILE,
+    lock_holder,
+    read_json,
+)
+from infrarsi.space import PATCH_KNOB_PREFIX as PATCH_PREFIX
 from infrarsi.space import config_key
 from infrarsi.trial import TrialRecord, TrialStatus
-
-RUN_FILE = "run.json"
-OUTCOME_FILE = "run_outcome.json"
-STATE_FILE = "searcher_state.json"
-DOCTOR_FILE = "doctor.json"
-LOCK_FILE = "run.lock"
-PATCH_PREFIX = "patch:"
 
 
 class ReportInputError(InfraRSIError, ValueError):
@@ -60,7 +63,7 @@ class ReportData:
     patches: list[Any] = field(default_factory=list)  # bank PatchEntry of the promoted config
     findings: list[Any] = field(default_factory=list)
     engine: dict[str, Any] = field(default_factory=dict)
-    doctor: dict[str, Any] | None = None
+    doctor: DoctorRecord | None = None
     partial: str | None = None  # why the run is incomplete, None when finished
     not_promoted: str | None = None  # why nothing was promoted
     before: Side | None = None
@@ -114,7 +117,7 @@ class ReportData:
         steps = [r.step_time_s for r in self.records if r.ok and r.step_time_s and self.is_baseline(r)]
         if steps:
             return statistics.median(steps)
-        return (self.doctor or {}).get("baseline_step_s")
+        return self.doctor.baseline_step_s if self.doctor else None
 
     def changed(self, config: dict[str, Any] | None) -> dict[str, tuple[Any, Any]]:
         """Knobs whose value differs from the baseline: name -> (before, after)."""
@@ -152,15 +155,6 @@ def same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
         or config_key(a) == config_key(b)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, OSError):
-        return None
-
-
 # ---- the bank ---------------------------------------------------------------------------
 def _sqlite_path(url: str) -> Path | None:
     if url.startswith("sqlite:///"):
@@ -175,7 +169,7 @@ def open_bank_for(run_dir: Path, contract: Contract, run_id: str, bank_url: str 
 
     spec_url = (contract.task.get("bank") or {}).get("url")
     candidates = [u for u in (bank_url, spec_url, default_url()) if u]
-    local = run_dir / "bank.sqlite"
+    local = run_dir / LOCAL_BANK_FILE
     if local.is_file():
         candidates.append(f"sqlite:///{local.resolve()}")
     tried = []
@@ -211,7 +205,7 @@ def load_report_data(run_dir: str | Path, *, bank_url: str | None = None) -> Rep
         raise ReportInputError(f"{run_dir} holds no {CONTRACT_FILE}; run `infrarsi init TASK.yaml` "
                                "and `infrarsi run --budget N` first, or pass --run-dir")
     contract = Contract.load(run_dir)
-    run = _read_json(run_dir / RUN_FILE)
+    run = read_json(run_dir / RUN_FILE)
     if not run or not run.get("run_id"):
         raise ReportInputError(f"{run_dir} has a contract but no run yet ({RUN_FILE} is missing); "
                                "start one with `infrarsi run --budget 12`")
@@ -245,7 +239,7 @@ def _from_bank(data: ReportData, bank) -> None:
         data.findings = []
     if data.doctor is None:
         entry = bank.latest_baseline(data.run_info.workload, data.run_info.hardware)
-        data.doctor = dict(entry.payload) if entry is not None else None
+        data.doctor = DoctorRecord.from_dict(entry.payload) if entry is not None else None
     data.patches = _patches(data, bank)
     open_trials = bank.count_trials(data.run_id).get("open", 0)
     if open_trials:
@@ -270,7 +264,7 @@ def _patches(data: ReportData, bank) -> list[Any]:
 
 def _from_files(data: ReportData) -> None:
     d = data.run_dir
-    outcome = _read_json(d / OUTCOME_FILE)
+    outcome = read_json(d / OUTCOME_FILE)
     data.outcome = outcome
     if outcome is not None:
         data.verdicts = list(outcome.get("verdicts") or [])
@@ -280,37 +274,21 @@ def _from_files(data: ReportData) -> None:
             data.promoted = {**outcome["promoted"], **data.promoted}
     else:
         data.partial = _partial_reason(d)
-    state = _read_json(d / STATE_FILE)
+    state = read_json(d / STATE_FILE)
     if state:
         data.engine = state.get("engine", state)
-    doctor = _read_json(d / DOCTOR_FILE)
+    doctor = read_json(d / DOCTOR_FILE)
     if doctor is not None:
-        data.doctor = doctor
+        data.doctor = DoctorRecord.from_dict(doctor)
 
 
 def _partial_reason(run_dir: Path) -> str:
-    lock = run_dir / LOCK_FILE
-    pid = 0
-    if lock.is_file():
-        try:
-            pid = int(lock.read_text().strip() or 0)
-        except ValueError:
-            pid = 0
-    if pid and _alive(pid):
+    pid = lock_holder(run_dir)
+    if pid is not None:
         return (f"the run is still in progress (driver pid {pid}); this report shows the trials "
                 "finished so far. Run `infrarsi report` again when it ends")
     return ("the run has not finished (no run_outcome.json): its driver stopped before "
             "verification. Continue it with `infrarsi run --resume --budget N`")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _peak_flops(data: ReportData) -> None:
@@ -318,16 +296,13 @@ def _peak_flops(data: ReportData) -> None:
     if hw is not None and hw.device_name.lower() != "cpu" and hw.peak_flops:
         data.peak_flops, data.peak_flops_label = hw.peak_flops, f"{hw.device_name} datasheet peak"
         return
-    doc = data.doctor or {}
-    mfu = doc.get("mfu") if isinstance(doc.get("mfu"), dict) else {}
-    for src in (doc, mfu, doc.get("profile") or {}):
-        for key in ("peak_flops", "measured_peak_flops", "cpu_peak_flops", "matmul_peak_flops"):
-            if src.get(key):
-                data.peak_flops = float(src[key])
-                data.peak_flops_label = src.get("peak_label") or mfu.get("peak_label") or (
-                    "measured CPU matmul peak (doctor)" if hw is None
-                    or hw.device_name.lower() == "cpu" else "doctor's peak")
-                return
+    doc = data.doctor
+    if doc is not None and doc.peak_flops:
+        data.peak_flops = doc.peak_flops
+        data.peak_flops_label = doc.peak_label or (
+            "measured CPU matmul peak (doctor)" if hw is None
+            or hw.device_name.lower() == "cpu" else "doctor's peak")
+        return
     if hw is not None and hw.peak_flops:
         data.peak_flops, data.peak_flops_label = hw.peak_flops, "hardware fingerprint peak"
 

@@ -211,7 +211,7 @@ def _f(d: dict[str, Any], *keys: str) -> float:
 def phase_profile(data: ReportData) -> bytes:
     """Fractions of a step by phase: doctor's baseline profile, and the winner's if measured."""
     bars = []
-    before = _fractions((data.doctor or {}).get("profile") or {})
+    before = _fractions(data.doctor.profile if data.doctor else {})
     if not before:
         before = _record_fractions(data, data.before.trials if data.before else ())
     if before:

@@ -7,6 +7,7 @@ from typing import Any
 from infrarsi.report import _doc as D
 from infrarsi.report._audit import fingerprints, recheck_frozen, trial_command
 from infrarsi.report._data import ReportData, Side
+from infrarsi.space import is_patch_knob
 from infrarsi.trial import TrialStatus
 
 MiB = 2**20
@@ -92,7 +93,7 @@ def promoted_change(data: ReportData) -> list[D.Block]:
     if not cfg:
         return blocks + [D.p("Nothing was promoted, so there is nothing to apply.")]
     changed = data.changed(cfg)
-    knobs = {k: v for k, v in changed.items() if not k.startswith("patch:")}
+    knobs = {k: v for k, v in changed.items() if not is_patch_knob(k)}
     if knobs:
         blocks.append(D.table(["knob", "baseline", "promoted"],
                               [[f"`{k}`", b, a] for k, (b, a) in sorted(knobs.items())]))
@@ -177,8 +178,7 @@ def verification(data: ReportData) -> list[D.Block]:
         sp = f"{v['speedup']:.3f}x" if v.get("speedup") else "–"
         rows.append([changes or "baseline", "yes" if v.get("promoted") else "no", sp, ci,
                      len(v.get("pairs") or []), v.get("reason", "")])
-    doc = data.doctor or {}
-    mde = (doc.get("noise") or {}).get("mde") if isinstance(doc.get("noise"), dict) else None
+    mde = data.doctor.mde if data.doctor else None
     blocks.append(D.p("Each candidate ran interleaved with the untouched baseline (A B A B …); "
                       "speedup = baseline / candidate step time per pair, Student-t interval on "
                       "the mean log ratio. Promoted only when the lower bound clears 1 + MDE"
@@ -211,17 +211,13 @@ def doctor(data: ReportData) -> list[D.Block]:
     if not doc:
         return blocks + [D.p("No doctor record for this workload and hardware: run `infrarsi doctor` "
                              "for a phase profile, a measured noise floor and MFU.")]
-    noise = doc.get("noise") if isinstance(doc.get("noise"), dict) else {}
-    rows = [("baseline step", _ms(doc.get("baseline_step_s")))]
+    rows = [("baseline step", _ms(doc.baseline_step_s))]
     rows += [(f"noise: {k}", f"{v:.4g}" if isinstance(v, float) else str(v))
-             for k, v in noise.items() if not isinstance(v, dict | list)]
-    mfu = doc.get("mfu")
-    if isinstance(mfu, dict) and mfu.get("mfu") is not None:
-        rows.append(("MFU (doctor)", f"{_pct(mfu['mfu'])} of the {mfu.get('peak_label') or 'peak'}"))
-    elif isinstance(mfu, int | float):
-        rows.append(("MFU (doctor)", _pct(mfu)))
+             for k, v in doc.noise.items() if not isinstance(v, dict | list)]
+    if doc.mfu_fraction is not None:
+        rows.append(("MFU (doctor)", f"{_pct(doc.mfu_fraction)} of the {doc.peak_label or 'peak'}"))
     blocks.append(D.kv(rows))
-    finds = doc.get("findings") or []
+    finds = doc.findings
     if finds:
         blocks.append(D.p("Findings: " + "; ".join(
             f.get("text") or f.get("summary") or str(f) if isinstance(f, dict) else str(f)

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from infrarsi.report import _doc as D
 from infrarsi.report import _sections as S
 from infrarsi.report._data import ReportData, load_report_data
 from infrarsi.report._plots import PLOTS, render_all
+from infrarsi.rundir import REPORT_DIR, resolve_run_dir
 
-REPORT_DIR = "report"
 
-
-@dataclass
+@dataclass(frozen=True)
 class ReportResult:
-    """Where the report went, and the short summary printed at the end of a stage."""
+    """Where the report went (``markdown``, ``html``, ``plots`` by name), the evidence it was
+    drawn from (``data``), and the short ``summary`` printed at the end of the stage."""
 
     data: ReportData
     markdown: Path
@@ -23,14 +24,24 @@ class ReportResult:
     plots: dict[str, Path] = field(default_factory=dict)
     summary: str = ""
 
+    def to_dict(self) -> dict[str, Any]:
+        d = self.data
+        return {"run_id": d.run_id, "run_dir": str(d.run_dir), "task": d.task_name,
+                "markdown": str(self.markdown), "html": str(self.html),
+                "plots": {k: str(v) for k, v in self.plots.items()},
+                "promoted": d.promoted, "not_promoted": d.not_promoted, "partial": d.partial,
+                "summary": self.summary}
 
-def build_report(run_dir: str | Path, *, out_dir: str | Path | None = None,
+
+def build_report(run_dir: str | Path | None = None, *, out_dir: str | Path | None = None,
                  bank_url: str | None = None) -> ReportResult:
     """Write ``report.md``, ``report.html`` (self-contained) and ``plots/*.png`` for a run.
 
-    ``out_dir`` defaults to ``RUN/report``. Works on a finished run, on a run still in progress
-    (marked partial) and on a run that promoted nothing (the report says why).
+    ``run_dir`` defaults to the last ``infrarsi init``; ``out_dir`` to ``RUN/report``. Works on
+    a finished run, on a run still in progress (marked partial) and on a run that promoted
+    nothing (the report says why). Raises :class:`ReportInputError` when there is no run.
     """
+    run_dir = Path(run_dir) if run_dir else resolve_run_dir(None)
     data = load_report_data(run_dir, bank_url=bank_url)
     out = Path(out_dir) if out_dir else Path(run_dir) / REPORT_DIR
     (out / "plots").mkdir(parents=True, exist_ok=True)
@@ -49,8 +60,7 @@ def build_report(run_dir: str | Path, *, out_dir: str | Path | None = None,
     md.write_text(D.to_markdown(title, blocks))
     html.write_text(D.to_html(title, blocks))
     result = ReportResult(data, md, html, written)
-    result.summary = summary(result)
-    return result
+    return replace(result, summary=summary(result))
 
 
 def summary(result: ReportResult) -> str:

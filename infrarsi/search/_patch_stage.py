@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi.patches import Patch, PatchVerdict, Scope, find_conflicts, tree_digest, verify_patch
-
-PATCHES_FILE = "patches.json"
+from infrarsi.rundir import PATCHES_FILE, write_json
 
 
 @dataclass
@@ -230,9 +229,7 @@ def _line(p: Patch, v: PatchVerdict, reused_from: str | None) -> str:
 
 
 def _write(path: Path, body: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(body, indent=2, default=str))
-    tmp.replace(path)
+    write_json(path, body)
 
 
 def load_setup(run_dir: Path) -> PatchSetup | None:

@@ -19,7 +19,6 @@ from typing import Any
 
 from infrarsi.backends.base import Backend
 from infrarsi.patches import (
-    KNOB_PREFIX,
     DiffError,
     Patch,
     Scope,
@@ -29,7 +28,7 @@ from infrarsi.patches import (
 )
 from infrarsi.patches._workspace import check_frozen
 from infrarsi.patches.knobs import conflict_rules
-from infrarsi.space import Config, SearchSpace
+from infrarsi.space import Config, SearchSpace, launch_knobs
 from infrarsi.trial import (
     ErrorKind,
     HardwareFingerprint,
@@ -43,7 +42,7 @@ Conflict = tuple[str, str, str]  # (patch id, patch id, why they do not apply to
 
 def launch_part(config: Mapping[str, Any]) -> Config:
     """The config without its patch knobs (what the wrapped backend understands)."""
-    return {k: v for k, v in config.items() if not k.startswith(KNOB_PREFIX)}
+    return launch_knobs(config)
 
 
 class PatchedBackend(Backend):

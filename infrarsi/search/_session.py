@@ -9,21 +9,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from infrarsi.contract import Contract
-from infrarsi.doctor.noise import mde_at_pairs
-from infrarsi.doctor.stage import proposer_findings
+from infrarsi.doctor.record import DoctorRecord
 from infrarsi.errors import BankError, InfraRSIError
+from infrarsi.rundir import (
+    RUN_FILE,
+    RunLockedError,
+    acquire_lock,
+    local_bank_url,
+    read_json,
+    release_lock,
+    write_json,
+)
+from infrarsi.stats import mde_at_pairs
 from infrarsi.trial import SoftwareVersions, TrialRecord
 
-RUN_FILE = "run.json"
-LOCK_FILE = "run.lock"
+__all__ = ["RunLockedError", "RunSession"]
+
 HEARTBEAT_S = 10.0
-
-
-class RunLockedError(InfraRSIError):
-    """Another live driver is running this task's run directory."""
 
 
 class RunSession:
@@ -90,20 +93,10 @@ class RunSession:
         if self.bank is not None:
             self.bank.close()
             self.bank = None
-        lock = self.run_dir / LOCK_FILE
-        if lock.is_file() and lock.read_text().strip() == str(os.getpid()):
-            lock.unlink()
+        release_lock(self.run_dir)
 
     def _lock(self) -> None:
-        lock = self.run_dir / LOCK_FILE
-        if lock.is_file():
-            pid = int(lock.read_text().strip() or 0)
-            if pid and pid != os.getpid() and psutil.pid_exists(pid):
-                raise RunLockedError(
-                    f"{self.run_dir} is being run by process {pid}; two runs of the same task at "
-                    "once are refused. Wait for it, or stop it and use `infrarsi run --resume`."
-                )
-        lock.write_text(str(os.getpid()))
+        acquire_lock(self.run_dir)
 
     def _open_bank(self, url: str | None) -> None:
         from infrarsi.bank import ExperienceBank
@@ -112,14 +105,14 @@ class RunSession:
         try:
             self.bank = ExperienceBank.open(url, retry_s=10.0)
         except BankError as e:
-            fallback = f"sqlite:///{(self.run_dir / 'bank.sqlite').resolve()}"
+            fallback = local_bank_url(self.run_dir)
             self.progress(f"warning: the experience bank is unreachable ({e}); running cold with "
                           f"a local bank at {fallback}")
             self.bank = ExperienceBank.open(fallback, seed=False)
 
     def _start_or_resume(self, resume: bool) -> None:
         run_file = self.run_dir / RUN_FILE
-        previous = json.loads(run_file.read_text()) if run_file.is_file() else None
+        previous = read_json(run_file)
         if resume and previous is None:
             raise InfraRSIError(f"--resume: no earlier run in {self.run_dir}; start one with "
                                 "`infrarsi run --budget N`")
@@ -132,17 +125,17 @@ class RunSession:
             if closed:
                 self.progress(f"resume: {len(closed)} trial(s) left open by the dead driver were "
                               f"closed as interrupted: {', '.join(closed)}")
-        run_file.write_text(json.dumps({"run_id": self.run_id}))
+        write_json(run_file, {"run_id": self.run_id})
 
     def _load_doctor(self) -> None:
         entry = self.bank.latest_baseline(self.backend.workload, self.backend.hardware)
         if entry is None:
             return
-        noise = entry.payload.get("noise", entry.payload)
-        self.noise = noise if noise.get("mde") is not None else None
-        self.findings = proposer_findings(entry.payload)
-        self.baseline_step_s = entry.payload.get("baseline_step_s") or noise.get("baseline_step_s")
-        ids = set(entry.payload.get("records") or ())
+        doc = DoctorRecord.from_dict(entry.payload)
+        self.noise = doc.noise if doc.has_noise_model else None
+        self.findings = doc.proposer_findings()
+        self.baseline_step_s = doc.baseline_step_s or doc.noise.get("baseline_step_s")
+        ids = set(doc.records)
         try:
             self.baseline_records = [r for r in self.bank.trials(run_id=entry.run_id)
                                      if r.trial_id in ids]

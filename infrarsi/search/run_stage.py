@@ -13,7 +13,6 @@ that clears doctor's noise floor is promoted (with the patches it turns on).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -24,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi.contract import Contract
-from infrarsi.doctor.noise import DEFAULT_PAIRS
 from infrarsi.errors import FrozenFileChangedError, InfraRSIError
+from infrarsi.rundir import OUTCOME_FILE, STATE_FILE, TUNE_DIR, write_json
 from infrarsi.search._patch_stage import prepare_patches, promoted_patches
 from infrarsi.search._progress import Progress
 from infrarsi.search._session import RunSession
@@ -33,14 +32,16 @@ from infrarsi.search.engine import SearchEngine
 from infrarsi.search.searcher import InfraRSISearcher, split_stop_hint
 from infrarsi.search.verify import DEFAULT_MDE, Verdict, verify_candidate
 from infrarsi.space import config_key
+from infrarsi.stats import DEFAULT_PAIRS
 from infrarsi.trial import TrialRecord
 
-STATE_FILE = "searcher_state.json"
-OUTCOME_FILE = "run_outcome.json"
 
-
-@dataclass
+@dataclass(frozen=True)
 class RunOutcome:
+    """What ``infrarsi run`` ends with (also ``run_outcome.json``): the trials spent, the best
+    search trial, every verification verdict and the promoted one (None: nothing cleared the
+    noise floor), why the search stopped early, and the patches searched and promoted."""
+
     run_id: str
     trials: int
     best: TrialRecord | None
@@ -50,6 +51,7 @@ class RunOutcome:
     verified_patches: list[str] = field(default_factory=list)
     # the patches the promoted config turns on: id, origin, files, digest, diff
     promoted_patches: list[dict[str, Any]] = field(default_factory=list)
+    run_dir: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +64,12 @@ class RunOutcome:
             "verified_patches": self.verified_patches,
             "promoted_patches": self.promoted_patches,
         }
+
+    @property
+    def speedup(self) -> float | None:
+        """The promoted config's verified speedup (None when nothing was promoted)."""
+        return self.promoted.speedup if self.promoted else None
+
 
 
 def _trainable(config: dict[str, Any], *, spec_dict: dict[str, Any], run_dir: str,
@@ -116,20 +124,22 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
         if done < budget and not engine.stop_reason:
             table.header(budget, engine.n_init)
             _tune(session, engine, budget - done, state_path, table, max_concurrent)
-        outcome = RunOutcome(session.run_id, len(engine.observations), None,
-                             stop_reason=engine.stop_reason,
-                             verified_patches=[p.id for p in session.patches])
         best = engine.best()
-        outcome.best = best[0] if best else None
         if engine.stop_reason:
             progress(f"search stopped: {engine.stop_reason}")
-        outcome.verdicts = _verify(session, engine, verify_top, pairs, table)
-        winners = [v for v in outcome.verdicts if v.promoted]
-        if winners:
-            outcome.promoted = max(winners, key=lambda v: (v.ci_low or 0.0, v.speedup or 0.0))
-            outcome.promoted_patches = promoted_patches(outcome.promoted.config, session.patches)
-            session.promote(outcome.promoted)
-        (run_dir / OUTCOME_FILE).write_text(json.dumps(outcome.to_dict(), indent=2, default=str))
+        verdicts = _verify(session, engine, verify_top, pairs, table)
+        winners = [v for v in verdicts if v.promoted]
+        promoted = (max(winners, key=lambda v: (v.ci_low or 0.0, v.speedup or 0.0))
+                    if winners else None)
+        outcome = RunOutcome(
+            session.run_id, len(engine.observations), best[0] if best else None,
+            verdicts=verdicts, promoted=promoted, stop_reason=engine.stop_reason,
+            verified_patches=[p.id for p in session.patches],
+            promoted_patches=promoted_patches(promoted.config, session.patches) if promoted else [],
+            run_dir=run_dir)
+        if promoted is not None:
+            session.promote(promoted)
+        write_json(run_dir / OUTCOME_FILE, outcome.to_dict())
         table.summary(outcome)
         session.finish("finished")
     return outcome
@@ -191,7 +201,7 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
                                     max_concurrent_trials=max_concurrent),
         run_config=tune.RunConfig(
             name=f"infrarsi-{session.run_id}-{int(time.time())}",
-            storage_path=str((session.run_dir / "tune").resolve()), verbose=0, log_to_file=False,
+            storage_path=str((session.run_dir / TUNE_DIR).resolve()), verbose=0, log_to_file=False,
             failure_config=tune.FailureConfig(max_failures=0),
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False)),
     )

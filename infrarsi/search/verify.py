@@ -15,34 +15,16 @@ it is not extended; a real but noisy speedup gets the evidence it needs.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from scipy import stats
-
 from infrarsi.backends.base import Backend
 from infrarsi.space import Config
+from infrarsi.stats import DEFAULT_MDE, paired_speedup
 from infrarsi.trial import TrialRecord
 
-DEFAULT_MDE = 0.05
-
-
-def paired_speedup(baseline_s: Sequence[float], candidate_s: Sequence[float],
-                   confidence: float = 0.95) -> tuple[float, float, float]:
-    """(speedup, lower, upper) from paired step times; a single pair has an infinite interval."""
-    logs = [math.log(b / c) for b, c in zip(baseline_s, candidate_s, strict=True)]
-    n = len(logs)
-    if n == 0:
-        raise ValueError("no pairs to compare")
-    mean = sum(logs) / n
-    if n == 1:
-        return math.exp(mean), 0.0, math.inf
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
-
+__all__ = ["DEFAULT_MDE", "Verdict", "paired_speedup", "verify_candidate"]
 
 @dataclass(frozen=True)
 class Verdict:

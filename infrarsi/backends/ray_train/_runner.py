@@ -13,15 +13,42 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from infrarsi.backends.ray_train._classify import classify
+from infrarsi.trial import ErrorKind, TrialStatus
 
 # Ray Train polls its workers at this interval; the default (2 s) adds up to 2 s per trial.
 _POLL_INTERVAL_S = "0.25"
+
+
+@dataclass(frozen=True)
+class TrainerOutcome:
+    """What one TorchTrainer job came back with (it crosses the runner actor's boundary, so it
+    is a plain picklable record). ``ok``: ``value`` is rank 0's result dict from the harness
+    (step times, loss trace, peak memory per rank, ...). Not ok: the classified ``status``,
+    ``error_kind`` and ``message``. ``t_submit``/``t_end``: wall clock around the job."""
+
+    ok: bool
+    t_submit: float
+    t_end: float
+    value: dict[str, Any] | None = None
+    status: TrialStatus | None = None
+    error_kind: ErrorKind | None = None
+    message: str = ""
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.t_end - self.t_submit
+
+    @classmethod
+    def failed(cls, t_submit: float, status: TrialStatus, kind: ErrorKind | None,
+               message: str) -> TrainerOutcome:
+        return cls(False, t_submit, time.time(), status=status, error_kind=kind, message=message)
 
 
 def read_workspace(root: Path) -> dict[str, str]:
@@ -72,7 +99,7 @@ def scaling_kwargs(config: dict[str, Any], *, device: str, placement_strategy: s
 
 
 def run_trainer(payload: dict[str, Any], scaling: dict[str, Any], *, backend: str,
-                collective_timeout_s: int, storage_path: str, local_mode: bool = False) -> dict[str, Any]:
+                collective_timeout_s: int, storage_path: str, local_mode: bool = False) -> TrainerOutcome:
     """Build and fit the TorchTrainer; never raises: failures come back classified."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -92,17 +119,10 @@ def run_trainer(payload: dict[str, Any], scaling: dict[str, Any], *, backend: st
             ),
         )
         result = trainer.fit()
-        return {"ok": True, "value": result.return_value, "t_submit": t0, "t_end": time.time()}
+        return TrainerOutcome(True, t0, time.time(), value=result.return_value)
     except Exception as e:  # noqa: BLE001 - every failure becomes a record
         status, kind, message = classify(e)
-        return {
-            "ok": False,
-            "status": status.value,
-            "error_kind": kind.value if kind else None,
-            "message": message,
-            "t_submit": t0,
-            "t_end": time.time(),
-        }
+        return TrainerOutcome.failed(t0, status, kind, message)
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -110,7 +130,7 @@ class TrialRunner:
     """Holds one trial's TorchTrainer; killing this actor ends the trial and frees its workers."""
 
     def run(self, payload: dict[str, Any], scaling: dict[str, Any], backend: str,
-            collective_timeout_s: int, storage_path: str) -> dict[str, Any]:
+            collective_timeout_s: int, storage_path: str) -> TrainerOutcome:
         sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
         return run_trainer(payload, scaling, backend=backend,
                            collective_timeout_s=collective_timeout_s, storage_path=storage_path)

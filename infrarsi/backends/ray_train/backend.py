@@ -15,6 +15,7 @@ import ray
 from infrarsi.backends.base import Backend
 from infrarsi.backends.ray_train._reaper import reap_orphaned_placement_groups
 from infrarsi.backends.ray_train._runner import (
+    TrainerOutcome,
     TrialRunner,
     read_workspace,
     run_trainer,
@@ -164,7 +165,7 @@ class RayTrainBackend(Backend):
         trial_id = trial_id or uuid.uuid4().hex[:8]
         devices = 1 if self.local_mode else config["num_workers"]
         outcome = self._launch(config, stop_slower_than_s)
-        wall = outcome["t_end"] - outcome["t_submit"]
+        wall = outcome.wall_seconds
         common = {
             "trial_id": trial_id,
             "config": config,
@@ -176,20 +177,20 @@ class RayTrainBackend(Backend):
             "device_seconds": wall * devices,
             "wall_seconds": wall,
         }
-        if not outcome["ok"]:
-            status = TrialStatus(outcome["status"])
+        if not outcome.ok:
+            status = outcome.status
             return TrialRecord(
                 status=status,
-                error_kind=ErrorKind(outcome["error_kind"]) if outcome["error_kind"] else None,
-                error_message=outcome["message"],
+                error_kind=outcome.error_kind,
+                error_message=outcome.message,
                 memory_censor_bytes=self._hardware.memory_bytes if status is TrialStatus.OOM else None,
                 **common,
             )
         return self._ok_record(outcome, config, common)
 
-    def _ok_record(self, outcome: dict[str, Any], config: dict[str, Any],
+    def _ok_record(self, outcome: TrainerOutcome, config: dict[str, Any],
                    common: dict[str, Any]) -> TrialRecord:
-        value = outcome["value"] or {}
+        value = outcome.value or {}
         extra = {k: value[k] for k in ("num_params", "flops_per_token", "profile", "stopped_early")
                  if k in value}
         status, kind, message = TrialStatus.OK, None, ""
@@ -207,12 +208,12 @@ class RayTrainBackend(Backend):
             peak_memory_bytes=value.get("peak_memory_bytes_per_rank"),
             loss_trace=value.get("loss_trace", ()),
             phase_times_s=value.get("phase_times_s") or {},
-            startup_seconds=(first - outcome["t_submit"]) if first else None,
+            startup_seconds=(first - outcome.t_submit) if first else None,
             extra=extra,
             **{**common, "tokens_per_step": value.get("tokens_per_step", common["tokens_per_step"])},
         )
 
-    def _launch(self, config: dict[str, Any], stop_slower_than_s: float | None) -> dict[str, Any]:
+    def _launch(self, config: dict[str, Any], stop_slower_than_s: float | None) -> TrainerOutcome:
         payload = self.payload(config)
         if stop_slower_than_s:
             payload["stop_slower_than_s"] = float(stop_slower_than_s)
@@ -236,20 +237,16 @@ class RayTrainBackend(Backend):
             try:
                 return ray.get(ready[0])
             except ray.exceptions.RayError as e:  # the runner itself died (node lost)
-                return _failed(t0, TrialStatus.ERROR, ErrorKind.WORKER_LOST, f"{type(e).__name__}: {e}")
+                return TrainerOutcome.failed(t0, TrialStatus.ERROR, ErrorKind.WORKER_LOST, f"{type(e).__name__}: {e}")
             finally:
                 ray.kill(runner, no_restart=True)
         ray.kill(runner, no_restart=True)  # takes the Train controller and its workers with it
         reap_orphaned_placement_groups()
-        return _failed(t0, TrialStatus.ERROR, ErrorKind.TIMEOUT,
-                       f"trial exceeded its time limit of {timeout:g} s (+{STARTUP_ALLOWANCE_S:g} s "
-                       "startup allowance); a hang or deadlocked collective. Raise trial.timeout_s "
-                       "in the task spec if the workload is just slow.")
-
-
-def _failed(t0: float, status: TrialStatus, kind: ErrorKind, message: str) -> dict[str, Any]:
-    return {"ok": False, "status": status.value, "error_kind": kind.value, "message": message,
-            "t_submit": t0, "t_end": time.time()}
+        return TrainerOutcome.failed(
+            t0, TrialStatus.ERROR, ErrorKind.TIMEOUT,
+            f"trial exceeded its time limit of {timeout:g} s (+{STARTUP_ALLOWANCE_S:g} s "
+            "startup allowance); a hang or deadlocked collective. Raise trial.timeout_s "
+            "in the task spec if the workload is just slow.")
 
 
 def _ensure_ray() -> None:
