@@ -9,6 +9,7 @@ nested dataclasses.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -21,12 +22,24 @@ from infrarsi.errors import ConfigError
 T = TypeVar("T")
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 (PyYAML) reads ``3.12e14`` as a string: its float needs a dot and a signed
+    exponent. Read every plain scientific number as a float, as YAML 1.2 and people do."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def load_yaml(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such file; pass the path of an existing YAML file")
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        return yaml.load(path.read_text(), Loader=_Loader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
 
@@ -104,7 +117,10 @@ def _convert(tp: Any, value: Any, source: str, path: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{source}: {path}: expected a number, got {value!r}")
+            hint = ""
+            if isinstance(value, str) and "e" in value.lower():
+                hint = " (YAML reads a number like 3.12e14 as text here; write 3.12e+14)"
+            raise ConfigError(f"{source}: {path}: expected a number, got {value!r}{hint}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

@@ -59,6 +59,79 @@ def _baseline_fractions(backends) -> dict[str, float | None]:
     return out
 
 
+def _experience_source(a: argparse.Namespace, backends):
+    """``experience(i, backend)`` for run_bench from --experience-from / --experience-bank, or
+    None (leave-one-workload-out within the table). Prints what each projection keeps."""
+    if not (a.experience_from or a.experience_bank):
+        return None
+    from infrarsi.bank.transfer import project_records
+
+    pooled = []
+    for spec in (a.experience_from or "").split(","):
+        if spec.strip():
+            spec = spec.strip()
+            if spec.startswith("sim:"):  # the simulator's built-ins on one GPU, e.g. sim:H100-80GB
+                group = WORKLOAD_SOURCES["simulator"]({"gpus": [spec[4:]]})
+            else:
+                group = WORKLOAD_SOURCES["table"]({"spec": spec})
+            for b in group:
+                pooled += b.records()
+    bank = None
+    if a.experience_bank:
+        from infrarsi.bank import ExperienceBank
+
+        bank = ExperienceBank.open(a.experience_bank, seed=False)
+    shown = set()
+
+    def experience(i, backend):
+        recs = list(pooled)
+        if bank is not None:
+            recs += [n.record for n in bank.nearest(backend.workload, backend.hardware, k=400)
+                     if (n.record.workload, n.record.hardware) != (backend.workload, backend.hardware)]
+        line = project_records(backend.space, recs).summary()
+        if line not in shown:
+            shown.add(line)
+            print(f"  {getattr(backend, 'workload_name', '')}: {line}")
+        return recs
+
+    return experience
+
+
+def _budget_groups(backends, budgets, third: bool):
+    """[(budgets, backends)]: with ``third``, each budget capped at a third of the workload's
+    configs (the issue's "budget 15 or a third of the configs, whichever is smaller")."""
+    if not third:
+        return [(budgets, list(backends))]
+    groups: dict[tuple, list] = {}
+    for b in backends:
+        n = len(b.space.allowed or ())
+        key = tuple(sorted({max(1, min(x, n // 3)) for x in budgets}))
+        groups.setdefault(key, []).append(b)
+    return [(list(k), v) for k, v in groups.items()]
+
+
+def _print_distinct(runs) -> None:
+    """Distinct trajectories (config sequences) over the seeds, per workload and searcher."""
+    from collections import defaultdict
+
+    from infrarsi.space import config_key
+
+    seqs = defaultdict(set)
+    n = defaultdict(int)
+    for r in runs:
+        key = (r.workload, r.searcher + ("+exp" if r.experience else ""), r.budget)
+        seqs[key].add(tuple(config_key(t.config) for t in r.trajectory.records))
+        n[key] += 1
+    print("\ndistinct trajectories over seeds (workload, searcher, budget): distinct/searches")
+    by_searcher = defaultdict(list)
+    for key, s in sorted(seqs.items()):
+        by_searcher[key[1]].append((len(s), n[key], key[0], key[2]))
+    for name, rows in by_searcher.items():
+        worst = min(rows)
+        print(f"  {name:22s} min {worst[0]}/{worst[1]} ({worst[2]}, budget {worst[3]}), "
+              f"mean {sum(r[0] for r in rows) / len(rows):.1f}")
+
+
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,6 +152,21 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help="tune: every search through tune.Tuner; inline: same searchers in-process")
     p.add_argument("--tune-check", type=int, default=1, metavar="N",
                    help="measure Tune overhead and check tune == inline on N workloads (0: skip)")
+    p.add_argument("--experience-from", metavar="SPEC[,SPEC]",
+                   help="the +exp rows start from every record of these table specs (e.g. "
+                        "configs/tables/ultrascale.yaml: H100 experience for an A100 table; "
+                        "sim:H100-80GB, the simulator's built-ins on that GPU) "
+                        "instead of the searched table's other workloads")
+    p.add_argument("--experience-bank", metavar="URL",
+                   help="the +exp rows start from a bank's nearest records (as `infrarsi run` "
+                        "queries it), leaving out the searched workload's own")
+    p.add_argument("--sim-gpus", metavar="GPU[,GPU]",
+                   help="simulator: run every workload on each of these GPUs (e.g. "
+                        "A100-40GB,A100-80GB,H200-141GB,MI300X-192GB)")
+    p.add_argument("--min-configs", type=int, default=0,
+                   help="only workloads with at least this many measured configs")
+    p.add_argument("--budget-third", action="store_true",
+                   help="cap each workload's budget at a third of its configs")
     p.add_argument("--per-workload", action="store_true", help="print every workload's table")
     p.add_argument("--out", help="write the runs and figures as JSON here")
     p.add_argument("--from-json", metavar="PATH",
@@ -97,11 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     source = WORKLOAD_SOURCES[a.source]
     backends = source({"spec": a.spec, "csv": a.csv, "workloads": _parse_workloads(a.workloads),
-                       "hide": [h for h in a.hide.split(",") if h]})
+                       "hide": [h for h in a.hide.split(",") if h],
+                       "gpus": [g for g in (a.sim_gpus or "").split(",") if g]})
     skipped = [b for b in backends if getattr(b, "best_objective", lambda: 1)() is None]
     backends = [b for b in backends if b not in skipped]
     for b in skipped:
         print(f"skipped {getattr(b, 'workload_name', b.workload.name)}: no config in its space ran ok")
+    if a.min_configs:
+        backends = [b for b in backends if len(b.space.allowed or ()) >= a.min_configs]
     searchers = [s for s in a.searchers.split(",") if s]
     budgets = [int(x) for x in a.budgets.split(",")]
     seeds = list(range(a.seeds))
@@ -115,8 +206,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"Tune overhead {c['per_tuner_s']:.2f} s per Tuner + "
                   f"{c['per_trial_s'] * 1e3:.0f} ms per trial")
     t0 = time.perf_counter()
-    runs = run_bench(backends, searchers=searchers, budgets=budgets, seeds=seeds,
-                     engine=a.engine, progress=lambda m: print("  done", m, flush=True))
+    experience = _experience_source(a, backends)
+    runs = []
+    for group_budgets, group in _budget_groups(backends, budgets, a.budget_third):
+        runs += run_bench(group, searchers=searchers, budgets=group_budgets, seeds=seeds,
+                          engine=a.engine, progress=lambda m: print("  done", m, flush=True),
+                          experience=experience)
+    _print_distinct(runs)
     bench_wall = time.perf_counter() - t0
     ms = [metrics(r) for r in runs]
     summary = summarize(ms)

@@ -64,7 +64,7 @@ def test_encoder_columns_follow_knob_declarations():
     # then the napkin physics of this config on WL and HW: its memory estimate, no pipeline,
     # its communication over compute
     assert list(enc.feature_names_out_[19:]) == ["phys_log2_mem_gib", "phys_log_bubble",
-                                                 "phys_log_comm"]
+                                                 "phys_log_comm", "phys_log_s_per_token"]
     assert np.isfinite(X[0, 21]) and X[0, 21] >= 0.0
     assert np.isnan(enc.transform([{}], WL, None)[0, 21])  # no hardware: no link to judge
     heavy = enc.transform([{"micro_batch_size": 8}], WL, HW)[0, 19]
@@ -379,3 +379,36 @@ def test_physics_reads_the_torch_workloads_launch_knobs():
     assert (c["dp"], c["zero"], c["mbs"]) == (2, 3, 4)
     assert layout({"data_parallel": "fsdp", "reshard_after_forward": False})["zero"] == 2
     assert layout({"data_parallel": "ddp"})["zero"] == 0
+
+
+def test_time_is_learned_relative_to_the_compute_estimate_which_carries_across_gpus():
+    """The compute estimate scales with the device's peak and the model's size, so a time
+    model whose coefficient on it is 1 predicts an A100 run from H100 runs as a ratio; the
+    expert micro-batch time rule is not counted on top of the estimate's overhead term."""
+    import dataclasses
+
+    from infrarsi.models.physics import PHYSICS_PRIORS, device_seconds_per_token
+
+    h100 = dataclasses.replace(HW, peak_flops=9.89e14)
+    a100 = dataclasses.replace(HW, peak_flops=3.12e14)
+    wl = WorkloadSignature("dense", 1_235_814_400, 16, 2048, 32, 4096, 256, vocab_size=128256)
+    big = dataclasses.replace(wl, num_params=wl.num_params * 4)
+    cfg = {"micro_batch_size": 1}
+    s_h, s_a = device_seconds_per_token(cfg, wl, h100), device_seconds_per_token(cfg, wl, a100)
+    assert 2.0 < s_a / s_h < 9.89 / 3.12  # compute scales by the peak, the overhead does not
+    assert 3.0 < device_seconds_per_token(cfg, big, h100) / s_h < 4.0
+    # a bigger micro-batch saves overhead, with diminishing returns
+    s1, s4, s16 = (device_seconds_per_token({"micro_batch_size": m}, wl, h100) for m in (1, 4, 16))
+    assert s1 > s4 > s16 and (s1 - s4) > 3 * (s4 - s16)
+    enc = FeatureEncoder(space()).fit()
+    names = list(enc.feature_names_out_)
+    j, mbs = names.index("phys_log_s_per_token"), names.index("log2_micro_batch_size")
+    m, s = coef_prior(enc, [KnobPrior("micro_batch_size", 8, log_time_effect=-0.3,
+                                      source="expert:micro_batch_size")], "time")
+    assert (m[j], s[j]) == PHYSICS_PRIORS["time", "phys_log_s_per_token"]
+    assert m[mbs] == 0.0
+    m, _ = coef_prior(enc, [KnobPrior("micro_batch_size", 8, log_time_effect=-0.3, source="bank")],
+                      "time")
+    assert m[mbs] == pytest.approx(-0.15)  # a measured effect is kept
+    m, _ = coef_prior(enc, [], "memory")
+    assert m[j] == 0.0

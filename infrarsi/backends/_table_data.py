@@ -90,9 +90,14 @@ def _fill(knob) -> str:
 
 def _parse_knob_column(spec: TableSpec, name: str, cells: list[tuple[int, str]]) -> list[Any]:
     k = spec.knob(name)
-    type_ = k.type or _infer_type(k.column, cells)
+    aliases = k.values
+    plain = [(ln, c) for ln, c in cells if c not in aliases]
+    type_ = k.type or (_infer_type(k.column, plain) if plain else "str")
     out = []
     for line, text in cells:
+        if text in aliases:
+            out.append(aliases[text])
+            continue
         try:
             out.append(_parse(text, type_))
         except ValueError:

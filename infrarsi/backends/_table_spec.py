@@ -36,7 +36,10 @@ class KnobSpec:
     workload (e.g. data-parallel degree = devices / (tp * pp)); per-knob samplers do not draw it
     and the table resolves it from the measured rows. ``type`` is inferred when omitted; a
     column whose values do not share one type is refused. ``fill``: what a blank cell means
-    (e.g. a setting the source states once for a whole table), for a column with gaps."""
+    (e.g. a setting the source states once for a whole table), for a column with gaps.
+    ``values`` maps a cell's text to the knob value it means, in the vocabulary the physics and
+    the priors read (e.g. ``{every_layer: full, disabled: none}`` for activation checkpointing,
+    ``{1: full, 0: none}``); cells not named there are parsed as ``type``."""
 
     name: str
     column: str
@@ -45,6 +48,7 @@ class KnobSpec:
     searched: bool = True
     fill: Any = None  # the value a blank cell reads as (None: a blank cell is refused)
     description: str = ""
+    values: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -199,15 +203,18 @@ def load_table_spec(path: str | Path) -> TableSpec:
 
 
 def resolve_csv_path(spec: TableSpec, override: str | Path | None = None) -> Path:
-    """Where the CSV is: ``override`` (e.g. ``--csv``), else ``spec.csv`` if absolute, else under
-    ``$INFRARSI_DATA_DIR`` when set, else under ``spec.data_dir`` relative to the spec file.
-    Neither set: a ConfigError naming the variable (the tables are never looked for in a
-    folder beside the checkout)."""
+    """Where the CSV is: ``override`` (e.g. ``--csv``), else ``spec.csv`` if absolute or found
+    relative to the spec file's folder, else under ``$INFRARSI_DATA_DIR`` when set, else under
+    ``spec.data_dir`` relative to the spec file. Neither set: a ConfigError naming the variable
+    (the tables are never looked for in a folder beside the checkout)."""
     if override is not None:
         return Path(override)
     csv = Path(spec.csv)
     if csv.is_absolute():
         return csv
+    beside = Path(spec.source_file).parent / csv if spec.source_file else None
+    if beside is not None and beside.is_file():  # a relative path reads from the spec's folder
+        return beside.resolve()
     if os.environ.get(ENV_DATA_DIR, "").strip() or not spec.data_dir:
         base = data_dir(f"table {spec.name!r} ({csv.name})")
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -123,6 +124,7 @@ class TableBackend(Backend):
             values = tuple(sorted({c[k.name] for c in configs}, key=_sort_key))
             knobs.append(Knob(k.name, values, baseline[k.name], kind=k.kind,
                               description=k.description))
+        _warn_unread(self.spec, knobs)
         return SearchSpace(tuple(knobs), allowed=tuple(configs))
 
     def _pick_baseline(self, configs: list[Config]) -> Config:
@@ -230,6 +232,25 @@ class TableBackend(Backend):
         return TrialRecord(status=TrialStatus.OK, step_times_s=(step,) * cost.measured_steps,
                            peak_memory_bytes=(row.memory_bytes,) if row.memory_bytes else None,
                            device_seconds=devices * wall, wall_seconds=wall, **common)
+
+
+_WARNED: set[tuple[str, str, str]] = set()
+
+
+def _warn_unread(spec: TableSpec, knobs: list[Knob]) -> None:
+    """Warn (once per spec and knob) about knob values the physics reads as the default."""
+    from infrarsi.models.physics import unread_values
+
+    for k in knobs:
+        bad = unread_values(k.name, k.values)
+        key = (spec.source_file or spec.name, k.name, repr(bad))
+        if bad and key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(
+                f"{spec.source_file or spec.name}: knob {k.name!r} has value(s) {bad} that the "
+                "physics and the priors do not understand (read as the knob's default); map them "
+                f"with an alias, e.g. values: {{{bad[0]}: full}} for checkpointing every layer",
+                UserWarning, stacklevel=3)
 
 
 def _sort_key(v: Any) -> tuple:

@@ -15,19 +15,30 @@ What carries over and how:
 
 The result is plain data: a list of :class:`Seed` tuples whose first four fields are
 ``(config, predicted relative speed, predicted memory fraction, source)``.
+
+Records from another *search space* (another table, another knob set) enter a search through
+:func:`project_records`: they are projected, not dropped. A knob the target space lacks stays in
+the record's config as context (the physics columns read it: a ZeRO-1 run's memory estimate
+is a ZeRO-1 estimate whether or not the target searches ZeRO); a knob the target has and the
+record lacks ran at the target's default; a numeric value outside the target's domain is
+encoded on the same log2/linear column (a slope extrapolates). Only a categorical value the
+target's columns cannot place (its one-hot would read as the default) drops the record, and the
+projection says how many and why.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from infrarsi.space import config_key
+from infrarsi.space import SearchSpace, config_key
 from infrarsi.trial import HardwareFingerprint, TrialRecord, TrialStatus, WorkloadSignature
 
-__all__ = ["COMPUTE_WEIGHT", "DEVICE_CATALOG", "Seed", "device_specs", "time_scale",
-           "transfer", "transfer_records"]
+__all__ = ["COMPUTE_WEIGHT", "DEVICE_CATALOG", "Projection", "Seed", "device_specs",
+           "project_records", "time_scale", "transfer", "transfer_records"]
 
 COMPUTE_WEIGHT = 0.7
 
@@ -152,3 +163,95 @@ def _hw_distance(a: HardwareFingerprint, b: HardwareFingerprint) -> float:
 
     va, vb = weighted(a.vector(), HARDWARE_WEIGHTS), weighted(b.vector(), HARDWARE_WEIGHTS)
     return math.dist(va, vb) + (a.device_name != b.device_name)
+
+
+@dataclass
+class Projection:
+    """What :func:`project_records` kept of some records for one search space, and why not
+    the rest. ``sources``: records used per "workload on device" group; ``dropped``: reason ->
+    count; ``context_knobs``: knobs the records carry that the space lacks (read as context);
+    ``defaulted_knobs``: knobs of the space the records lack (read at the space's default);
+    ``extrapolated``: records with a numeric value outside the space's domain."""
+
+    records: list[TrialRecord] = field(default_factory=list)
+    sources: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    context_knobs: tuple[str, ...] = ()
+    defaulted_knobs: tuple[str, ...] = ()
+    extrapolated: int = 0
+
+    @property
+    def n_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    def summary(self, max_sources: int = 3) -> str:
+        """One progress line: how many records, from where, what was projected, why dropped."""
+        n = len(self.records)
+        if not n and not self.dropped:
+            return "experience: none"
+        top = sorted(self.sources.items(), key=lambda kv: -kv[1])
+        where = ", ".join(f"{k} ({v})" for k, v in top[:max_sources])
+        if len(top) > max_sources:
+            where += f" and {len(top) - max_sources} more"
+        parts = [f"experience: using {n} of {n + self.n_dropped} records"
+                 + (f" from {len(top)} workload/hardware groups: {where}" if n else "")]
+        if self.context_knobs:
+            parts.append(f"knobs this space lacks kept as context: {', '.join(self.context_knobs)}")
+        if self.defaulted_knobs:
+            parts.append(f"read at this space's default: {', '.join(self.defaulted_knobs)}")
+        if self.extrapolated:
+            parts.append(f"{self.extrapolated} with values outside this space's domain "
+                         "(encoded on the same scale)")
+        if self.dropped:
+            parts.append("dropped " + "; ".join(f"{c}: {r}" for r, c in self.dropped.items()))
+        return "; ".join(parts)
+
+
+def _numeric(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _placeable(knob: Any, value: Any) -> bool:
+    """Whether ``value`` (outside ``knob``'s domain) still has a place on its encoded column:
+    a number on a numeric knob's log2/linear scale, any truth value on a bool knob."""
+    if knob.kind == "bool":
+        return isinstance(value, (bool, int))
+    if knob.kind == "ordinal" and all(_numeric(v) for v in knob.values) and _numeric(value):
+        return value > 0 or not all(v > 0 for v in knob.values)
+    return False
+
+
+def project_records(space: SearchSpace, records: Sequence[TrialRecord]) -> Projection:
+    """Project ``records`` (any space, any hardware) onto ``space`` (see the module docstring)."""
+    out = Projection()
+    sources: Counter[str] = Counter()
+    dropped: Counter[str] = Counter()
+    context: set[str] = set()
+    defaulted: set[str] = set()
+    names = set(space.names)
+    for r in records:
+        reason = None
+        outside = False
+        for name, value in r.config.items():
+            if name not in names:
+                context.add(name)
+                continue
+            knob = space.knob(name)
+            if value in knob.values:
+                continue
+            if _placeable(knob, value):
+                outside = True
+                continue
+            reason = (f"{name}={value!r} is not a value of this space's {knob.kind} knob "
+                      f"{list(knob.values)}")
+            break
+        if reason is not None:
+            dropped[reason] += 1
+            continue
+        defaulted.update(names - set(r.config))
+        out.extrapolated += outside
+        out.records.append(r)
+        sources[f"{r.workload.name or 'unnamed workload'} on {r.hardware.device_name}"] += 1
+    out.sources, out.dropped = dict(sources), dict(dropped)
+    out.context_knobs, out.defaulted_knobs = tuple(sorted(context)), tuple(sorted(defaulted))
+    return out

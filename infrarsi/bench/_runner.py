@@ -88,15 +88,21 @@ def _experience_by_workload(backends: Sequence[Backend]) -> Callable[[int], list
 
 def run_bench(backends: Sequence[Backend], *, searchers: Iterable[str], budgets: Iterable[int],
               seeds: Iterable[int], engine: str = "inline",
-              progress: Callable[[str], None] | None = None) -> list[BenchRun]:
-    """Every cell of the grid. ``backends`` are the workloads of one table (or simulator)."""
+              progress: Callable[[str], None] | None = None,
+              experience: Callable[[int, Backend], list[TrialRecord]] | None = None,
+              ) -> list[BenchRun]:
+    """Every cell of the grid. ``backends`` are the workloads of one table (or simulator).
+
+    ``experience(i, backend)``: the records the ``+exp`` rows of workload ``i`` start from
+    (another table, a bank); default, the records of the table's other workloads."""
     if engine == "tune":
         ensure_ray()
     names, budgets, seeds = list(searchers), list(budgets), list(seeds)
     unknown = [n for n in names if n not in SEARCHERS]
     if unknown:
         raise KeyError(f"unknown searcher(s) {unknown}; registered: {sorted(SEARCHERS)}")
-    experience_for = _experience_by_workload(backends)
+    loo = _experience_by_workload(backends)
+    experience_for = (lambda i: experience(i, backends[i])) if experience else loo
     runs: list[BenchRun] = []
     for i, backend in enumerate(backends):
         t0 = time.perf_counter()

@@ -37,12 +37,28 @@ def table_workloads(options: dict[str, Any]) -> list[Backend]:
 
 
 def simulator_workloads(options: dict[str, Any]) -> list[Backend]:
-    """Options: ``workloads`` (list of dicts ``{"name": ...}``, or None = every built-in),
-    ``seed``. Experience: each workload's seeded sample of 200 simulated trials."""
+    """Options: ``workloads`` (list of dicts ``{"name": ..., "gpu": ...}``, or None = every
+    built-in), ``gpus`` (run every workload on each of these GPUs), ``seed``. Experience: each workload's seeded sample of 200 simulated trials."""
     from infrarsi.backends.simulator import SimulatorBackend
 
     wanted = options.get("workloads") or [{"name": n} for n in SimulatorBackend.builtin_names()]
-    return [SimulatorBackend.builtin(w["name"], seed=options.get("seed", 0)) for w in wanted]
+    gpus = options.get("gpus")
+    if gpus:  # every workload on each of these GPUs instead of its own (same nodes and model)
+        wanted = [{**w, "gpu": g} for w in wanted for g in gpus]
+    return [_sim(w, options.get("seed", 0)) for w in wanted]
+
+
+def _sim(w: dict[str, Any], seed: int) -> Backend:
+    """A built-in simulator workload, moved to ``w["gpu"]`` when given (e.g. "A100-80GB")."""
+    from dataclasses import replace
+
+    from infrarsi.backends.simulator import SimulatorBackend
+    from infrarsi.backends.simulator.workloads import BUILTIN_WORKLOADS
+
+    if not w.get("gpu"):
+        return SimulatorBackend.builtin(w["name"], seed=seed)
+    wl = BUILTIN_WORKLOADS[w["name"]]
+    return SimulatorBackend(replace(wl, gpu=w["gpu"], name=f"{wl.name}@{w['gpu']}"), seed=seed)
 
 
 WORKLOAD_SOURCES: dict[str, Callable[[dict[str, Any]], list[Backend]]] = {

@@ -133,7 +133,10 @@ class FeatureEncoder:
     def encode_config(self, config: Mapping[str, Any]) -> np.ndarray:
         """The knob part of one config's row (no workload/hardware columns)."""
         self._check_fitted()
-        cfg = self.space.normalize(config, check=False)
+        # a record from another space may carry knobs this one lacks (ZeRO stage on a table
+        # without it): they are context, read by the physics columns, not knob columns here
+        names = self.space.names
+        cfg = self.space.normalize({k: v for k, v in config.items() if k in names}, check=False)
         return np.array(
             [self._knob_value(c, cfg) for c in self.columns_ if c.knob is not None], dtype=float
         )

@@ -52,6 +52,26 @@ _ACT_PER_TOKEN = {"none": 34.0, "selective": 18.0, "full": 2.0}
 _ATTN_PER_TOKEN, _DENSE_MLP_PER_TOKEN = 15.0, 19.0
 
 
+# The values the estimates below tell apart, per role; any other value of such a knob is read
+# as the role's default (e.g. an activation-checkpointing column holding "every_layer" or 1
+# reads as no recompute), which a table spec fixes with a value alias (``values:``).
+_VOCABULARY: dict[str, tuple[Any, ...]] = {
+    "ac": ("none", "selective", "full", True, False),
+    "zero": (0, 1, 2, 3, "ddp", "fsdp"),
+    "precision": ("bf16", "fp16", "fp32", "fp8"),
+}
+
+
+def unread_values(knob: str, values: Any) -> list[Any]:
+    """The values of ``knob`` that the physics does not understand (read as the role's default);
+    empty for a knob it has no vocabulary for. Strict on type: 1 is not True here."""
+    role = next((r for r, names in ROLES.items() if knob in names), None)
+    vocab = _VOCABULARY.get(role or "")
+    if vocab is None:
+        return []
+    return [v for v in values if not any(v == u and type(v) is type(u) for u in vocab)]
+
+
 def layout(config: Mapping[str, Any]) -> dict[str, Any]:
     """The config's value of every role (its default where the config has no such knob)."""
     out = dict(_DEFAULTS)
@@ -225,19 +245,60 @@ def communication_ratio(config: Mapping[str, Any], workload: WorkloadSignature,
     return secs / (flops / (peak * _NOMINAL_MFU))
 
 
+# What one layer's forward and backward of one micro-batch cost a device beyond its FLOPs at the
+# nominal rate: kernel launches, small-GEMM tails, norms and element-wise kernels that do not
+# shrink with the shard. Why a fixed time: it is what makes many small micro-batches (or a
+# tensor-parallel shard of a small layer) slow, and what stops a larger micro-batch from paying
+# off once its GEMMs are large -- the saturation a log-linear micro-batch slope extrapolates
+# past. scripts/fit_napkin_overhead.py (Ultra-Scale H100 ok runs, vTrain A100 scored with the
+# H100 coefficients): 0 s leaves a residual slope of -0.30 (H100) / -0.21 (A100) log units per
+# doubled micro-batch; 1 ms leaves -0.045 / +0.019 and the A100 residual std is lowest there
+# (0.238 against 0.371 at 0 s).
+LAYER_OVERHEAD_S = 1e-3
+
+
+def device_seconds_per_token(config: Mapping[str, Any], workload: WorkloadSignature,
+                             hardware: HardwareFingerprint | None) -> float:
+    """Napkin device-seconds of compute per trained token (the inverse of tokens/s per device).
+
+    ``(6 or 8 under full recompute) * active params / (peak * 40%)`` plus
+    :data:`LAYER_OVERHEAD_S` per layer per micro-batch, spread over the micro-batch's tokens
+    per tensor/context-parallel rank. Data and pipeline parallelism cancel (each device does
+    its share of the tokens); what pipelines and communication add is in the bubble and
+    communication features. Per token and per device, so the step time of a run on another
+    GPU, with another model size or device count, is a ratio to this that carries over.
+    """
+    c = layout(config)
+    layers, h = max(workload.num_layers, 1), max(workload.hidden_size, 1)
+    vocab = max(workload.vocab_size, 1)
+    total = float(max(workload.num_params, 1))
+    active = total
+    if workload.num_experts and workload.model_family == "moe":
+        dense = min(total, layers * 4.0 * h * h + 2.0 * vocab * h)
+        active = dense + (total - dense) * workload.top_k / workload.num_experts
+    peak = hardware.peak_flops if hardware is not None and hardware.peak_flops > 0 else _UNKNOWN_PEAK
+    flops = (8.0 if c["ac"] == "full" else 6.0) * active
+    tokens_mb = c["mbs"] * max(workload.seq_len, 1)
+    overhead = layers * LAYER_OVERHEAD_S * c["tp"] * c["cp"] / tokens_mb
+    return flops / (peak * _NOMINAL_MFU) + overhead
+
+
 def physics_vector(config: Mapping[str, Any], workload: WorkloadSignature | None,
                    hardware: HardwareFingerprint | None = None) -> list[float]:
     """``[log2 memory estimate in GiB, log(1 + pipeline bubble), log(1 + communication
-    ratio)]``; NaN without a workload (the last without a hardware fingerprint)."""
+    ratio), log device-seconds per token]``; NaN without a workload (the second to last
+    without a hardware fingerprint; the last reads an unknown peak as 1 TFLOP/s)."""
     if workload is None:
-        return [math.nan, math.nan, math.nan]
+        return [math.nan, math.nan, math.nan, math.nan]
     mem = memory_estimate_bytes(config, workload)
     comm = (math.log1p(communication_ratio(config, workload, hardware))
             if hardware is not None else math.nan)
-    return [math.log2(max(mem, 1.0) / 2**30), math.log1p(pipeline_bubble(config, workload)), comm]
+    return [math.log2(max(mem, 1.0) / 2**30), math.log1p(pipeline_bubble(config, workload)), comm,
+            math.log(device_seconds_per_token(config, workload, hardware))]
 
 
-PHYSICS_FEATURES = ("phys_log2_mem_gib", "phys_log_bubble", "phys_log_comm")
+PHYSICS_FEATURES = ("phys_log2_mem_gib", "phys_log_bubble", "phys_log_comm",
+                    "phys_log_s_per_token")
 
 # What the physics says about each column's coefficient, (mean, std), per model target: peak
 # memory proportional to the estimate (log_e peak per log2 estimate = ln 2), step time
@@ -257,6 +318,11 @@ PHYSICS_PRIORS: dict[tuple[str, str], tuple[float, float]] = {
     # seeds) for a cold simulator gain of 0.867 -> 0.893
     ("time", "phys_log_comm"): (0.5, 0.4),
     ("memory", "phys_log_comm"): (0.0, 0.1),
+    # time is learned relative to the napkin's compute time (coefficient 1: an offset the data
+    # may bend a little), so what experience on one GPU and model size says about the knobs
+    # is said as a ratio to what that hardware and model should take, which carries over
+    ("time", "phys_log_s_per_token"): (1.0, 0.1),
+    ("memory", "phys_log_s_per_token"): (0.0, 0.1),
 }
 # With the memory estimate a column, what the workload and hardware columns may still add to log
 # peak memory across the whole span of each (CONTEXT_SPANS): the napkin carries model size and
@@ -268,3 +334,7 @@ CONTEXT_MEMORY_STD = 0.1
 # model, their own memory column fits only what the napkin misses (prior mean 0, same std).
 MEMORY_ESTIMATED_KNOBS = frozenset(
     n for role in ("dp", "tp", "pp", "cp", "ep", "mbs", "zero", "ac") for n in ROLES[role])
+# Knobs whose first-order time effect the compute estimate carries (micro-batch overhead,
+# recompute's extra forward): with the estimate in the time model, the built-in expert rules'
+# time effects of these centre on 0 (same std), as MEMORY_ESTIMATED_KNOBS do for memory.
+TIME_ESTIMATED_KNOBS = frozenset(n for role in ("mbs", "ac") for n in ROLES[role])

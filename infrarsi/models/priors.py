@@ -21,7 +21,12 @@ from typing import Any
 import numpy as np
 
 from infrarsi.models.encoding import CONTEXT_SPANS, FeatureEncoder
-from infrarsi.models.physics import CONTEXT_MEMORY_STD, MEMORY_ESTIMATED_KNOBS, PHYSICS_PRIORS
+from infrarsi.models.physics import (
+    CONTEXT_MEMORY_STD,
+    MEMORY_ESTIMATED_KNOBS,
+    PHYSICS_PRIORS,
+    TIME_ESTIMATED_KNOBS,
+)
 
 # Physics that holds for every dense transformer we train: the sign of a knob's effect on peak
 # memory per device (+1: a larger value / non-default setting never uses less; -1: never more).
@@ -97,11 +102,15 @@ def coef_prior(
     counting the effect twice would double it. Priors from elsewhere (the bank's measured
     effects, an LLM) are kept as stated: they may know what the napkin misses. The workload
     and hardware columns, whose size effects the estimate carries, then take a tight prior
-    around 0 (:data:`~infrarsi.models.physics.CONTEXT_MEMORY_STD` per span of each).
+    around 0 (:data:`~infrarsi.models.physics.CONTEXT_MEMORY_STD` per span of each). Likewise
+    for time, where the compute estimate (device-seconds per token) is a column: the expert
+    rules' time effects of the knobs it carries (micro-batch, recompute) centre on 0.
     """
     encoder._check_fitted()
     physics = {c.name: j for j, c in enumerate(encoder.columns_) if c.kind == "physics"}
     estimated = target == "memory" and "phys_log2_mem_gib" in physics
+    # the same for time: the compute estimate carries the micro-batch and recompute effects
+    time_estimated = target == "time" and "phys_log_s_per_token" in physics
     p = encoder.n_features_out_
     prec = np.zeros(p)
     wsum = np.zeros(p)
@@ -110,6 +119,8 @@ def coef_prior(
         if eff is None or not math.isfinite(eff):
             continue
         if estimated and pr.knob in MEMORY_ESTIMATED_KNOBS and pr.source.startswith("expert:"):
+            eff = 0.0
+        if time_estimated and pr.knob in TIME_ESTIMATED_KNOBS and pr.source.startswith("expert:"):
             eff = 0.0
         delta = encoder.setting_delta(pr.knob, pr.setting)
         for j in np.flatnonzero(delta):

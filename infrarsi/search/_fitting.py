@@ -67,18 +67,11 @@ def nearest_experience(records: Sequence[TrialRecord], workload: WorkloadSignatu
 
 
 def transferable(space: SearchSpace, records: Sequence[TrialRecord]) -> list[TrialRecord]:
-    """The records whose configs live in ``space`` (a knob they lack ran at its default).
+    """The records the encoder can place in ``space``, projected (see
+    :func:`infrarsi.bank.transfer.project_records`, which also says why any were dropped)."""
+    from infrarsi.bank.transfer import project_records
 
-    A bank holds trials of every space (simulated clusters, other tasks, other knob sets);
-    only those the encoder can place in this space carry over.
-    """
-    domains = {k.name: k.values for k in space.knobs}
-    out = []
-    for r in records:
-        cfg = r.config
-        if all(name in domains and value in domains[name] for name, value in cfg.items()):
-            out.append(r)
-    return out
+    return project_records(space, records).records
 
 
 # ---- the experience fit and its cache ----------------------------------------------------------

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from infrarsi.bank.transfer import project_records
 from infrarsi.models import FeatureEncoder, KnobPrior, revise_priors
 from infrarsi.search import _acquisition as acq
 from infrarsi.search import _observations as obs
@@ -122,7 +123,8 @@ class SearchEngine:
         self.hardware = hardware
         self.budget = budget
         self.seed = seed
-        self.experience = nearest_experience(transferable(space, experience), workload, hardware,
+        self.projection = project_records(space, experience)  # what was kept, and why not
+        self.experience = nearest_experience(self.projection.records, workload, hardware,
                                              max_experience)
         self.priors = list(priors)
         self.objective = objective or default_objective
@@ -301,7 +303,8 @@ class SearchEngine:
         if self.experience or self.priors:
             fit = self._current_fit()
             source = "experience" if self.experience else "priors"
-            for i in acq.seed_picks(fit, self._X_pool, self.pool, taken, k, self.max_oom_risk):
+            for i in acq.seed_picks(fit, self._X_pool, self.pool, taken, k, self.max_oom_risk,
+                                      self.seed):
                 plan.append({"config": self.pool[i], "source": source,
                              "predicted": acq.predicted(fit, i)})
         else:
@@ -331,7 +334,7 @@ class SearchEngine:
             spent=len(self.observations) / max(self.budget, 1), n_trials=len(self.observations),
             n_failed=sum(not r.ok for r in records), budget=self.budget, risk=self.oom_risk_cap(),
             penalty=acq.pending_penalty(self._X_pool, self._pool_keys, self.pending.values()),
-            suspect=suspect, codes=self._codes)
+            suspect=suspect, codes=self._codes, seed=self.seed)
         if choice.stop:
             self.stop_reason = choice.stop
             return None

@@ -206,13 +206,18 @@ def _engine(session: RunSession, budget: int, use_experience: bool) -> SearchEng
     experience = session.experience() if use_experience else []
     if use_experience and not experience:
         session.progress("no experience in the bank for this workload yet: starting cold")
-    return SearchEngine(
+    engine = SearchEngine(
         backend.space, backend.workload, backend.hardware, budget=budget,
         seed=session.seed, experience=experience, priors=session.priors(),
         objective=backend.objective, baseline=backend.baseline_config(),
         include_baseline=session.baseline_step_s is None,
         baseline_records=session.baseline_records,
     )
+    if experience:  # how many records the search uses, from where, and why others were dropped
+        session.progress(engine.projection.summary())
+        if not engine.experience:
+            session.progress("none of the bank's records fit this search space: starting cold")
+    return engine
 
 
 def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,

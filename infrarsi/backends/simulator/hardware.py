@@ -3,7 +3,7 @@
 Figures are vendor datasheet numbers for the SXM parts (dense, no sparsity). Bandwidths are
 per GPU and per direction: ``nvlink_bw`` inside a node, ``inter_node_bw`` through the GPU's
 share of the node's NICs (8 x 400 Gb/s InfiniBand/RoCE rails on H100/H200/B200 nodes,
-8 x 200 Gb/s HDR on A100 nodes). ``memory_bytes`` is what ``nvidia-smi`` reports as total,
+8 x 200 Gb/s HDR on A100 nodes; AMD's Infinity Fabric on MI300X). ``memory_bytes`` is what ``nvidia-smi`` reports as total,
 the capacity an allocation hits before CUDA OOM.
 """
 
@@ -32,6 +32,7 @@ class GPU:
     inter_node_bw: float  # bytes/s per GPU per direction
     nvlink_latency_s: float = 8e-6
     inter_node_latency_s: float = 20e-6
+    intra_link: str = "nvlink"  # the node's GPU-to-GPU fabric, as the fingerprint names it
 
     @property
     def supports_fp8(self) -> bool:
@@ -46,6 +47,11 @@ GPUS: dict[str, GPU] = {
         GPU("H100-80GB", 989e12, 1979e12, 81_559 * MiB, 3.35e12, 450e9, 50e9),
         GPU("H200-141GB", 989e12, 1979e12, 143_771 * MiB, 4.8e12, 450e9, 50e9),
         GPU("B200-180GB", 2250e12, 4500e12, 183_359 * MiB, 8.0e12, 900e9, 50e9),
+        # AMD Instinct MI300X OAM: 1307.4 TFLOP/s dense bf16, 2614.9 fp8, 192 GB HBM3 at
+        # 5.3 TB/s; 7 Infinity Fabric links of 64 GB/s per direction to its 7 peers (448 GB/s);
+        # 8 x 400 Gb/s NICs per node as on H100 nodes
+        GPU("MI300X-192GB", 1307e12, 2615e12, 196_608 * MiB, 5.3e12, 448e9, 50e9,
+            intra_link="xgmi"),
     )
 }
 
@@ -84,6 +90,7 @@ class Cluster:
             memory_bytes=self.gpu.memory_bytes,
             devices_per_node=self.gpus_per_node,
             num_nodes=self.num_nodes,
-            interconnect="nvlink+infiniband" if self.num_nodes > 1 else "nvlink",
+            interconnect=(f"{self.gpu.intra_link}+infiniband" if self.num_nodes > 1
+                          else self.gpu.intra_link),
             peak_flops=self.gpu.bf16_flops,
         )
