@@ -18,6 +18,7 @@ from infrarsi.contract.spec import TaskSpec
 from infrarsi.errors import IllegalConfigError
 from infrarsi.harness import mechanisms as mech
 from infrarsi.harness._workspace import load_entry
+from infrarsi.harness.adapter_run import AdapterRun
 from infrarsi.harness.clock import StepClock
 from infrarsi.harness.data import global_batch, micro_batches
 from infrarsi.harness.loss import training_loss
@@ -173,7 +174,9 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
 
     slow_s = payload.get("stop_slower_than_s")
     stopped: dict[str, Any] | None = None
-    run = _Run(spec, config, device)
+    # A task without a shape runs the user's adapter (their model, data and loss).
+    run = _Run(spec, config, device) if spec.workload.shape is not None else AdapterRun(
+        spec, config, device)
     losses: list[torch.Tensor] = []
     clock = StepClock(device)
     with load_entry(payload["workspace"], spec.workload.entry) as entry:
@@ -220,6 +223,9 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
     if world > 1:
         dist.all_reduce(trace)
         trace /= world
+    tokens_per_step = spec.workload.tokens_per_step
+    if isinstance(run, AdapterRun):
+        tokens_per_step, stats = _adapter_stats(run, spec, world, device)
     return {
         "rank": rank,
         "world_size": world,
@@ -227,13 +233,30 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
         "loss_trace": [float(x) for x in trace.cpu()],
         "peak_memory_bytes": int(peak),
         "phase_times_s": {},
-        "tokens_per_step": spec.workload.tokens_per_step,
+        "tokens_per_step": tokens_per_step,
         "t_first_measured_step": clock.wall_marks[0],
         "num_params": int(stats["num_params"]),
         "flops_per_token": float(stats["flops_per_token"]),
+        **({"shape": stats["shape"]} if "shape" in stats else {}),
         **extra,  # "phase_times_s" and "profile" of the profiled step, when asked for
         **({"stopped_early": stopped} if stopped else {}),
     }
+
+
+def _adapter_stats(run: AdapterRun, spec: TaskSpec, world: int, device: torch.device
+                   ) -> tuple[int, dict[str, Any]]:
+    """Tokens of one global step (every rank's, counted by the user's ``tokens(batch)``) and
+    the measured shape with its FLOPs per token."""
+    from infrarsi.harness.workload import flops_per_token
+
+    tokens = torch.tensor([int(run.tokens_per_step or 0)], dtype=torch.int64, device=device)
+    if world > 1:
+        dist.all_reduce(tokens)
+    total = int(tokens.item())
+    seq_len = total // spec.workload.global_batch_size
+    shape = {**run.shape, "seq_len": seq_len}
+    return total, {"num_params": shape["num_params"], "shape": shape,
+                   "flops_per_token": flops_per_token(shape, seq_len)}
 
 
 def _stop_on_every_rank(durations: list[float], slow_s: float, world: int,

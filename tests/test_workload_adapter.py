@@ -1,0 +1,218 @@
+"""The workload interface for a user's own job (``infrarsi.harness.workload``): the nanoGPT
+example's model, data and loss run under the harness; every mistake a new user makes is named
+with its fix; the contract catches a patch that changes the user's loss or data."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from infrarsi.backends.ray_train._runner import _materialize, read_workspace
+from infrarsi.contract import lock
+from infrarsi.contract.spec import TaskSpec, load_task
+from infrarsi.errors import ConfigError, FrozenFileChangedError, WorkloadError
+from infrarsi.harness import train_worker
+from infrarsi.harness.stats import adapter_stats
+from infrarsi.workloads import build_torch_space
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+NANOGPT = EXAMPLES / "nanogpt"
+
+
+def _copy_example(tmp_path: Path, name: str = "nanogpt") -> Path:
+    dest = tmp_path / name
+    shutil.copytree(EXAMPLES / name, dest, ignore=shutil.ignore_patterns("__pycache__", "runs"))
+    return dest
+
+
+def _run(spec: TaskSpec, workspace: Path | None = None, **knobs) -> dict:
+    space = build_torch_space(spec)
+    config = space.normalize({**space.defaults(), "num_workers": 1, **knobs})
+    return train_worker({"task": spec.to_dict(), "config": config,
+                         "workspace": str(workspace or spec.workspace_path()),
+                         "capacity_bytes": None})
+
+
+def _user_model_facts() -> tuple[int, int]:
+    """(parameters, vocabulary) of the example's GPT, counted with the user's own code."""
+    spec = importlib.util.spec_from_file_location("_nanogpt_model", NANOGPT / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["_nanogpt_model"] = mod
+    try:
+        spec.loader.exec_module(mod)
+        vocab = len(set((NANOGPT / "input.txt").read_text()))
+        model = mod.GPT(mod.GPTConfig(vocab_size=vocab))
+        return sum(p.numel() for p in model.parameters()), vocab
+    finally:
+        del sys.modules["_nanogpt_model"]
+
+
+def test_nanogpt_runs_under_the_harness_with_its_own_data_loss_and_shape():
+    spec = load_task(NANOGPT / "infrarsi.yaml")
+    assert spec.workload.adapter and spec.workload.shape is None
+    a = _run(spec)
+    b = _run(spec, micro_batch_size=4, activation_checkpointing="full")
+    # The global batch of a step does not depend on the micro-batch: same losses.
+    assert a["loss_trace"] == pytest.approx(b["loss_trace"], rel=1e-5)
+    assert a["loss_trace"][-1] < a["loss_trace"][0]
+    assert a["tokens_per_step"] == 8 * 64  # counted by the user's tokens(batch)
+    params, vocab = _user_model_facts()
+    assert a["num_params"] == params  # measured, not a formula
+    assert a["shape"] == {"num_params": params, "num_layers": 2, "hidden_size": 64,
+                          "num_heads": 4, "vocab_size": vocab, "seq_len": 64}
+
+
+def test_entry_contract_read_before_any_trial_is_stable():
+    spec = load_task(NANOGPT / "infrarsi.yaml")
+    a, b = adapter_stats(spec), adapter_stats(spec)
+    assert a == b  # the bank's signature of a user model is stable across runs
+    assert a["blocks"] == "Block" and a["tokens_per_step"] == 512 and a["num_layers"] == 2
+
+
+def test_cpu_capacity_defaults_from_the_machine_and_rotary_rule_is_optional():
+    spec = load_task(NANOGPT / "infrarsi.yaml")
+    assert spec.hardware.memory_capacity_gib and spec.hardware.memory_capacity_gib > 0
+    shape = dict(vocab_size=64, hidden_size=60, num_layers=2, num_heads=4, ffn_hidden_size=64)
+    task = {"name": "t", "hardware": {"device": "cpu"},
+            "workload": {"workspace": ".", "global_batch_size": 4, "seq_len": 8, "shape": shape}}
+    with pytest.raises(ConfigError, match="rotary: false"):
+        TaskSpec.from_dict(task)  # head dim 15 is odd
+    task["workload"]["shape"] = {**shape, "rotary": False}
+    assert TaskSpec.from_dict(task).workload.shape.rotary is False
+
+
+def test_any_workspace_file_type_is_shipped(tmp_path):
+    ws = _copy_example(tmp_path)
+    (ws / "vocab.bin").write_bytes(bytes(range(256)))
+    files = read_workspace(ws)
+    assert {"input.txt", "vocab.bin", "model.py", "train.py"} <= set(files)
+    out = Path(_materialize(files))
+    assert (out / "vocab.bin").read_bytes() == bytes(range(256))
+    assert (out / "input.txt").read_text() == (ws / "input.txt").read_text()
+
+
+# ---- errors a new user meets: each names the problem and the fix ---------------------------
+GOOD = {
+    "head": "import torch\nimport torch.nn.functional as F\nfrom torch import nn\n",
+    "build_model": "def build_model():\n    torch.manual_seed(0)\n"
+                   "    return nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))\n",
+    "batches": "def batches(ctx):\n    for s in range(10**6):\n"
+               "        x = torch.randint(16, (ctx.global_batch_size, 5), generator=ctx.generator(s))\n"
+               "        yield from ctx.shard((x, x))\n",
+    "loss": "def loss(model, batch):\n    x, y = batch\n"
+            "    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())\n",
+    "tokens": "def tokens(batch):\n    return batch[1].numel()\n",
+}
+
+
+def _adapter(tmp_path: Path, **replace: str) -> TaskSpec:
+    parts = {**GOOD, **replace}
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    (ws / "adapter.py").write_text("\n".join(textwrap.dedent(v) for v in parts.values() if v))
+    return TaskSpec.from_dict({
+        "name": "user", "hardware": {"device": "cpu", "max_workers": 1},
+        "workload": {"workspace": str(ws), "entry": "adapter.py", "global_batch_size": 4},
+        "scope": {"frozen": ["adapter.py"]},
+        "timing": {"warmup_steps": 1, "measured_steps": 2}, "loss_reference": {"steps": 2}})
+
+
+def test_the_good_adapter_passes(tmp_path):
+    spec = _adapter(tmp_path)
+    assert adapter_stats(spec)["tokens_per_step"] == 20
+    assert len(_run(spec)["loss_trace"]) == 4
+
+
+@pytest.mark.parametrize("replace, fix", [
+    ({"tokens": ""}, re.escape("does not define tokens: add `def tokens(batch)")),
+    ({"loss": "def loss(model):\n    return model\n"},
+     re.escape("loss(model) takes the wrong arguments: it must be `def loss(model, batch)")),
+    ({"build_model": "def build_model():\n    return 3\n"}, "return your model instance"),
+    ({"loss": "def loss(model, batch):\n    return F.cross_entropy(model(batch), batch[1])\n"},
+     "does not return what your loss expects"),
+    ({"loss": "def loss(model, batch):\n    x, y = batch\n    return F.cross_entropy("
+              "model(x).flatten(0, 1), y.flatten(), reduction='none')\n"},
+     "must return a scalar tensor .*\\.mean\\(\\)"),
+    ({"batches": "def batches(ctx):\n    while True:\n        x = torch.randint(16, (3, 5))\n"
+                 "        yield from ctx.shard((x, x))\n"},
+     "global batch of 3 rows, the task locks global_batch_size 4; draw exactly "
+     "ctx.global_batch_size rows"),
+    ({"batches": "def batches(ctx):\n    while True:\n        x = torch.randint(16, (2, 5))\n"
+                 "        yield x, x\n"},
+     "micro-batch of 2 rows, but the baseline's micro_batch_size is 1.*ctx.micro_batch_size"),
+    ({"batches": "def batches(ctx):\n    while True:\n"
+                 "        x = torch.randint(16, (ctx.global_batch_size, 5))\n"
+                 "        yield from ctx.shard((x, x))\n"},
+     "different data each time.*ctx.generator\\(step\\)"),
+    ({"tokens": "def tokens(batch):\n    return 0\n"}, "must return a positive int"),
+])
+def test_adapter_mistakes_are_named_with_the_fix_before_any_trial(tmp_path, replace, fix):
+    spec = _adapter(tmp_path, **replace)
+    with pytest.raises(WorkloadError, match=fix):
+        adapter_stats(spec)
+
+
+def test_a_non_scalar_loss_in_a_trial_is_named_with_the_fix(tmp_path):
+    spec = _adapter(tmp_path, loss="def loss(model, batch):\n    x, y = batch\n"
+                    "    return F.cross_entropy(model(x).flatten(0, 1), y.flatten(), "
+                    "reduction='none')\n")
+    with pytest.raises(WorkloadError, match="must return a scalar tensor"):
+        _run(spec)
+
+
+def test_checkpointing_a_model_without_blocks_names_the_hook(tmp_path):
+    spec = _adapter(tmp_path, build_model="def build_model():\n"
+                    "    return nn.ModuleDict({'e': nn.Embedding(16, 8), 'o': nn.Linear(8, 16)})\n",
+                    loss="def loss(model, batch):\n    x, y = batch\n    return F.cross_entropy("
+                    "model['o'](model['e'](x)).flatten(0, 1), y.flatten())\n")
+    with pytest.raises(WorkloadError, match="define `def blocks\\(model\\)"):
+        _run(spec, activation_checkpointing="full")
+
+
+def test_a_script_without_the_interface_is_told_what_to_define(tmp_path):
+    spec = _adapter(tmp_path, build_model="", batches="", loss="", tokens="x = 1\n")
+    with pytest.raises(WorkloadError, match="define build_model\\(\\), batches\\(ctx\\)"):
+        adapter_stats(spec)
+
+
+# ---- the contract catches a patch to the user's loss or data -------------------------------
+def _locked(tmp_path: Path):
+    ws = _copy_example(tmp_path)
+    spec = load_task(ws / "infrarsi.yaml")
+    base = _run(spec)
+    contract = lock(spec, baseline_config={}, loss_trace=base["loss_trace"],
+                    model_stats={"shape": base["shape"], "num_params": base["num_params"],
+                                 "tokens_per_step": base["tokens_per_step"]})
+    return ws, spec, contract
+
+
+def test_contract_catches_a_patch_to_the_users_data_or_loss_files(tmp_path):
+    ws, spec, contract = _locked(tmp_path)
+    assert contract.work["tokens_per_step"] == 512 and contract.work["shape"]["num_layers"] == 2
+    assert {"workspace/train.py", "workspace/input.txt",
+            "workspace/infrarsi_adapter.py"} <= set(contract.frozen_files)
+    contract.verify_frozen()
+    train = ws / "train.py"
+    train.write_text(train.read_text().replace("data[i + 1:i + 1 + BLOCK_SIZE]",
+                                               "data[i:i + BLOCK_SIZE]"))
+    with pytest.raises(FrozenFileChangedError, match="workspace/train.py"):
+        contract.verify_frozen()
+
+
+def test_contract_rejects_an_editable_model_patch_that_changes_the_loss(tmp_path):
+    ws, spec, contract = _locked(tmp_path)
+    model = ws / "model.py"
+    # A patch to the editable model file that changes the loss the model computes.
+    text = model.read_text()
+    assert "targets.flatten())" in text
+    model.write_text(text.replace("targets.flatten())", "targets.flatten(), label_smoothing=0.1)"))
+    contract.verify_frozen()  # model.py is editable: only the loss reference can catch this
+    out = _run(spec, workspace=ws)
+    assert contract.check_work(out["tokens_per_step"]) is None
+    assert "loss drifted" in contract.check_loss(out["loss_trace"], "fp32")
