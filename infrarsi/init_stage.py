@@ -64,7 +64,7 @@ def init_task(task: str | Path | TaskSpec, *, run_dir: Path | None = None,
     spec = task if isinstance(task, TaskSpec) else load_task(task)
     run_dir = Path(run_dir) if run_dir else spec.run_path()
     measured = None
-    if spec.workload.adapter:
+    if spec.workload.adapter and not spec.workload.script:
         # The entry contract (functions, data, loss), checked before any trial.
         from infrarsi.harness.stats import adapter_stats
 

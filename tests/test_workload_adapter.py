@@ -216,3 +216,49 @@ def test_contract_rejects_an_editable_model_patch_that_changes_the_loss(tmp_path
     out = _run(spec, workspace=ws)
     assert contract.check_work(out["tokens_per_step"]) is None
     assert "loss drifted" in contract.check_loss(out["loss_trace"], "fp32")
+
+
+# ---- the second way in: the user's own loop with infrarsi.prepare + infrarsi.step ----------
+LOOP = EXAMPLES / "nanogpt_loop"
+
+
+def test_own_loop_script_runs_with_the_harness_owning_clock_accumulation_and_loss():
+    spec = load_task(LOOP / "infrarsi.yaml")
+    assert spec.workload.script == "train.py"
+    a = _run(spec)
+    b = _run(spec, micro_batch_size=2, activation_checkpointing="full", optimizer_impl="for_loop")
+    # micro-batching by the prepared loader and optimizer keeps the update of the global batch
+    assert a["loss_trace"] == pytest.approx(b["loss_trace"], rel=1e-5)
+    assert a["loss_trace"][-1] < a["loss_trace"][0]
+    assert a["tokens_per_step"] == 512 and len(a["step_times_s"]) == 3
+    assert a["shape"]["num_layers"] == 2 and a["shape"]["num_params"] == _user_model_facts()[0]
+
+
+def test_prepare_and_step_do_nothing_outside_a_trial():
+    import torch
+
+    import infrarsi
+
+    model, opt, loader = torch.nn.Linear(2, 2), None, [1, 2]
+    assert infrarsi.prepare(model, opt, loader) == (model, opt, loader)
+    assert infrarsi.step(torch.tensor(1.0), tokens=4) is None
+
+
+def test_an_own_loop_that_ends_too_soon_is_told_to_call_step(tmp_path):
+    ws = _copy_example(tmp_path, "nanogpt_loop")
+    yaml_text = (ws / "infrarsi.yaml").read_text().replace('script_args: [--batch-size, "8"]',
+                                                          'script_args: [--steps, "2"]')
+    (ws / "infrarsi.yaml").write_text(yaml_text)
+    with pytest.raises(WorkloadError, match="ended after 2 optimizer steps.*infrarsi.step"):
+        _run(load_task(ws / "infrarsi.yaml"))
+
+
+def test_own_loop_contract_catches_a_patch_to_the_users_data(tmp_path):
+    ws = _copy_example(tmp_path, "nanogpt_loop")
+    spec = load_task(ws / "infrarsi.yaml")
+    base = _run(spec)
+    contract = lock(spec, baseline_config={}, loss_trace=base["loss_trace"],
+                    model_stats={"shape": base["shape"], "tokens_per_step": 512})
+    (ws / "input.txt").write_text((ws / "input.txt").read_text().upper())
+    with pytest.raises(FrozenFileChangedError, match="workspace/input.txt"):
+        contract.verify_frozen()

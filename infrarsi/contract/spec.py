@@ -61,6 +61,10 @@ class WorkloadSpec:
     shape: ModelShape | None = None
     seq_len: int = 0
     entry: str = "entry.py"
+    # The user's own training loop: a script in the workspace that calls infrarsi.prepare and
+    # infrarsi.step (infrarsi.harness.own_loop), run with these arguments; no entry then.
+    script: str | None = None
+    script_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.family not in ("dense", "moe"):
@@ -71,6 +75,9 @@ class WorkloadSpec:
             raise ConfigError("a moe workload needs shape.num_experts > 0 and shape.top_k")
         if self.global_batch_size <= 0 or self.seq_len < 0:
             raise ConfigError("global_batch_size must be positive (and seq_len not negative)")
+        if self.script and self.shape is not None:
+            raise ConfigError("workload.script (your own loop) reads the shape from your model; "
+                              "remove workload.shape")
         if self.shape is not None and self.seq_len <= 0:
             raise ConfigError("a workload with a shape needs a positive seq_len")
 
@@ -234,7 +241,11 @@ def load_task(path: str | Path) -> TaskSpec:
             f"{path}: workload.workspace {spec.workload.workspace!r} resolves to {ws}, which is not "
             "a directory; point it at the folder holding your training code"
         )
-    if not (ws / spec.workload.entry).is_file():
+    if spec.workload.script:
+        if not (ws / spec.workload.script).is_file():
+            raise ConfigError(f"{path}: workload.script {spec.workload.script!r} not found in "
+                              f"{ws}; name your training script, relative to the workspace")
+    elif not (ws / spec.workload.entry).is_file():
         what = ("build_model(), batches(ctx), loss(model, batch) and tokens(batch)"
                 if spec.workload.adapter else "build_model(shape, parallel)")
         raise ConfigError(

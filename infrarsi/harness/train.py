@@ -166,6 +166,10 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
     rank, world = _dist_info()
     _check_world(config, world)
     device = _device(spec)
+    if spec.workload.script:  # the user's own loop, with infrarsi.prepare and infrarsi.step
+        from infrarsi.harness.own_loop import train_script
+
+        return train_script(spec, config, payload, device, SETTLE_STEPS)
     timing, ref = spec.timing, spec.loss_reference
     meter = CpuMemoryMeter() if device.type == "cpu" else None
     measured_from = timing.warmup_steps + (SETTLE_STEPS if meter else 0)
