@@ -192,6 +192,16 @@ class LLMSpec:
 
 
 @dataclass(frozen=True)
+class LaunchSpec:
+    """Where the user's job reads its launch settings: ``file`` (JSON or YAML, relative to the
+    workspace) and, per knob, the dotted ``keys`` it is read from. ``infrarsi apply`` writes the
+    promoted knobs there (``infrarsi.apply._settings``)."""
+
+    file: str
+    keys: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     name: str
     workload: WorkloadSpec
@@ -203,6 +213,7 @@ class TaskSpec:
     search: SearchSpec = field(default_factory=SearchSpec)
     bank: BankSpec = field(default_factory=BankSpec)
     llm: LLMSpec | None = None
+    launch: LaunchSpec | None = None
     run_dir: str = "runs/{name}"
     # Where the spec was read from; relative paths in it are relative to this directory.
     base_dir: str = ""
