@@ -58,9 +58,16 @@ def default_runs_root() -> Path:
 
 # ---- which run folder --------------------------------------------------------------------
 def point_latest(run_dir: Path) -> Path:
-    """Record ``run_dir`` as the last initialized run (``LATEST`` beside it); returns the pointer."""
+    """Record ``run_dir`` as the last initialized run (``LATEST`` beside it, and in ``./runs``
+    when it lives elsewhere, so that a later stage run from here without ``--run-dir`` follows
+    the ``--run-dir`` that init was given); returns the pointer beside it."""
+    target = str(Path(run_dir).resolve()) + "\n"
     pointer = Path(run_dir).resolve().parent / LATEST_POINTER
-    pointer.write_text(str(Path(run_dir).resolve()) + "\n")
+    pointer.write_text(target)
+    here = default_runs_root() / LATEST_POINTER
+    if here.resolve() != pointer:
+        here.parent.mkdir(parents=True, exist_ok=True)
+        here.write_text(target)
     return pointer
 
 

@@ -262,3 +262,54 @@ def test_own_loop_contract_catches_a_patch_to_the_users_data(tmp_path):
     (ws / "input.txt").write_text((ws / "input.txt").read_text().upper())
     with pytest.raises(FrozenFileChangedError, match="workspace/input.txt"):
         contract.verify_frozen()
+
+
+def test_a_run_dir_given_to_init_is_followed_by_later_stages(tmp_path, monkeypatch):
+    from infrarsi.rundir import CONTRACT_FILE, point_latest, resolve_run_dir
+
+    run_dir = tmp_path / "elsewhere" / "myrun"
+    run_dir.mkdir(parents=True)
+    (run_dir / CONTRACT_FILE).write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    point_latest(run_dir)
+    assert resolve_run_dir(None) == run_dir.resolve()
+
+
+def test_init_from_script_scaffolds_an_adapter_and_yaml_with_todos(tmp_path):
+    from infrarsi.cli import main
+
+    script = tmp_path / "job" / "train.py"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent("""
+        import argparse
+        import torch
+        from torch import nn
+
+        class TinyLM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(16, 8)
+
+        def get_batch(n):
+            return torch.randint(16, (n, 4))
+
+        def compute_loss(model, batch):
+            return model.emb(batch).mean()
+
+        if __name__ == "__main__":
+            p = argparse.ArgumentParser()
+            p.add_argument("--batch-size", type=int, default=12)
+            model = TinyLM()
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    """))
+    assert main(["init", "--from-script", str(script)]) == 0
+    adapter = (script.parent / "infrarsi_adapter.py").read_text()
+    assert "from .train import TinyLM, compute_loss, get_batch" in adapter
+    assert "return TinyLM()" in adapter and "TODO" in adapter
+    assert "torch.optim.AdamW(model.parameters(), lr=0.0003, **impl)" in adapter
+    compile(adapter, "infrarsi_adapter.py", "exec")
+    spec = load_task(script.parent / "infrarsi.yaml")
+    assert spec.workload.global_batch_size == 12 and spec.workload.adapter
+    with pytest.raises(NotImplementedError, match="TODO: yield from ctx.shard"):
+        adapter_stats(spec)
+    assert main(["init", "--from-script", str(script)]) == 2  # exists: refused, not overwritten
