@@ -32,7 +32,7 @@ def test_example_runs_init_doctor_run_report_apply(tmp_path, monkeypatch, exampl
     assert work["tokens_per_step"] == 512 and work["shape"]["num_layers"] == 2
     if example != "nanogpt_loop":  # an own loop's shape is measured by its baseline trial
         assert init.baseline.workload.num_params == work["shape"]["num_params"]
-    infrarsi.doctor(run_dir)
+    infrarsi.doctor(run_dir, repeats=2)
     out = infrarsi.run(run_dir, budget=2, verify_top=1, pairs=3)
     assert out.trials >= 2 and out.verdicts, "the run must end with a verdict"
     verdict = out.verdicts[0]

@@ -313,3 +313,31 @@ def test_init_from_script_scaffolds_an_adapter_and_yaml_with_todos(tmp_path):
     with pytest.raises(NotImplementedError, match="TODO: yield from ctx.shard"):
         adapter_stats(spec)
     assert main(["init", "--from-script", str(script)]) == 2  # exists: refused, not overwritten
+
+
+def test_prepare_outside_a_trial_applies_the_promoted_settings_file(tmp_path):
+    import torch
+
+    import infrarsi
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+
+        def forward(self, x):
+            for m in self.layers:
+                x = m(x)
+            return x
+
+    settings = tmp_path / "infrarsi.json"
+    settings.write_text('{"precision": "bf16", "activation_checkpointing": "full", '
+                        '"optimizer_impl": "for_loop", "micro_batch_size": 2}')
+    net = Net()
+    opt = torch.optim.AdamW(net.parameters())
+    model, opt2, _ = infrarsi.prepare(net, opt, None, settings=settings)
+    assert model(torch.randn(3, 4)).dtype == torch.bfloat16  # autocast on the forward
+    assert "CheckpointWrapper" in type(model.layers[0]).__name__
+    assert opt2 is opt and opt.param_groups[0]["foreach"] is False
+    plain = Net()
+    assert infrarsi.prepare(plain, None, None, settings=tmp_path / "absent.json")[0] is plain

@@ -43,7 +43,8 @@ def main() -> None:
     model = GPT(GPTConfig(vocab_size=len(chars), block_size=BLOCK_SIZE))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loader = (get_batch(data, args.batch_size) for _ in range(args.steps))
-    model, optimizer, loader = infrarsi.prepare(model, optimizer, loader)
+    # In an InfraRSI trial: the trial's knobs. Run by you: the settings `infrarsi apply` promoted.
+    model, optimizer, loader = infrarsi.prepare(model, optimizer, loader, settings="infrarsi.json")
     for step, (x, y) in enumerate(loader):
         _, loss = model(x, y)
         optimizer.zero_grad(set_to_none=True)

@@ -86,13 +86,23 @@ def current() -> Session | None:
 
 
 # ---- the user's calls ------------------------------------------------------------------------
+# Knobs a single process applies to itself outside a trial (launch knobs such as num_workers
+# and micro_batch_size belong to the user's launcher).
+PROCESS_KNOBS = ("activation_checkpointing", "compile", "precision", "optimizer_impl")
+
+
 def prepare(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-            dataloader: Any = None, *, blocks: nn.Module | None = None):
-    """``(model, optimizer, dataloader)`` with the trial's knobs applied (unchanged outside a
-    trial). ``blocks``: the repeated blocks, when automatic detection does not find them."""
+            dataloader: Any = None, *, blocks: nn.Module | None = None,
+            settings: str | Path | None = None):
+    """``(model, optimizer, dataloader)`` with the trial's knobs applied. ``blocks``: the
+    repeated blocks, when automatic detection does not find them.
+
+    Outside a trial they come back unchanged, unless ``settings`` names an existing JSON/YAML
+    file (where ``infrarsi apply`` wrote the promoted knobs: the task YAML's ``launch``): its
+    ``PROCESS_KNOBS`` are applied then, so the user's own run gets the promoted settings."""
     s = _SESSION
     if s is None:
-        return model, optimizer, dataloader
+        return _apply_settings(model, optimizer, blocks, settings), optimizer, dataloader
     cfg = s.config
     model.to(s.device)
     found = blocks if blocks is not None else wlm.find_blocks(model)
@@ -115,8 +125,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
         wrapped.forward = autocast_forward
     s.model = wrapped
     if optimizer is not None:
-        impl = {"for_loop": (False, False), "foreach": (True, False), "fused": (False, True)}
-        foreach, fused = impl[cfg["optimizer_impl"]]
+        foreach, fused = _IMPL[cfg["optimizer_impl"]]
         for group in optimizer.param_groups:  # read by torch's optimizers at every step
             group["foreach"], group["fused"] = foreach, fused
         s.optimizer = _AccumulatingOptimizer(optimizer, s)
@@ -146,6 +155,43 @@ def step(loss: torch.Tensor, tokens: int) -> None:
     s.on_step(index)
     if len(s.losses) >= s.total_steps:
         raise TrialComplete
+
+
+def _apply_settings(model: nn.Module, optimizer: Any, blocks: nn.Module | None,
+                    settings: str | Path | None) -> nn.Module:
+    if settings is None or not Path(settings).is_file():
+        return model
+    import json
+
+    import yaml
+
+    text = Path(settings).read_text()
+    body = json.loads(text) if str(settings).endswith(".json") else yaml.safe_load(text)
+    cfg = {k: body[k] for k in PROCESS_KNOBS if isinstance(body, dict) and k in body}
+    found = blocks if blocks is not None else wlm.find_blocks(model)
+    if cfg.get("activation_checkpointing", "none") != "none":
+        mech.apply_activation_checkpointing(model, cfg["activation_checkpointing"],
+                                            wlm.require_blocks(found, "activation_checkpointing"))
+    if cfg.get("compile", "off") != "off":
+        mech.apply_compile(model, cfg["compile"], wlm.require_blocks(found, "compile"))
+    if cfg.get("precision", "fp32") != "fp32":
+        device = next(model.parameters()).device
+        forward = model.forward
+
+        @functools.wraps(forward)
+        def autocast_forward(*args, **kwargs):
+            with mech.autocast_context(cfg["precision"], device):
+                return forward(*args, **kwargs)
+
+        model.forward = autocast_forward
+    if optimizer is not None and "optimizer_impl" in cfg:
+        foreach, fused = _IMPL[cfg["optimizer_impl"]]
+        for group in optimizer.param_groups:
+            group["foreach"], group["fused"] = foreach, fused
+    return model
+
+
+_IMPL = {"for_loop": (False, False), "foreach": (True, False), "fused": (False, True)}
 
 
 # ---- the prepared objects --------------------------------------------------------------------
