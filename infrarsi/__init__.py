@@ -23,10 +23,12 @@ _LAZY = {
     "ReportResult": "infrarsi.api", "ApplyResult": "infrarsi.api",
     # stage packages that are callable: infrarsi.doctor(...) runs the stage
     "doctor": None, "report": None, "apply": None,
+    # the second way in: the user's own loop (infrarsi.harness.own_loop)
+    "prepare": "infrarsi.harness.own_loop", "step": "infrarsi.harness.own_loop",
 }
 
 __all__ = ["ApplyResult", "DoctorResult", "InitResult", "ReportResult", "RunOutcome",
-           "__version__", "apply", "doctor", "init", "report", "run"]
+           "__version__", "apply", "doctor", "init", "prepare", "report", "run", "step"]
 
 
 def __getattr__(name: str) -> Any:

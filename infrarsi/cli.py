@@ -42,6 +42,14 @@ def _parse_set(items: Sequence[str]) -> dict[str, Any]:
 
 # ---- subcommands ----------------------------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
+    if args.from_script:
+        from infrarsi.scaffold import scaffold
+
+        adapter, task = scaffold(args.from_script, force=args.force)
+        print(f"wrote {adapter} and {task}: fill in their TODOs, then `infrarsi init {task}`")
+        return EXIT_OK
+    if not args.task:
+        raise ConfigError("init needs a task spec YAML (or --from-script SCRIPT to write one)")
     from infrarsi.api import init
 
     result = init(args.task, run_dir=args.run_dir, local_mode=args.local_mode)
@@ -141,8 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("init", help="lock the task contract (runs the baseline once)")
-    s.add_argument("task", help="task spec YAML, or a built-in task: cpu_dense, cpu_moe, gpu_dense, gpu_moe")
-    s.add_argument("--run-dir", help="where contract.json goes (default: the spec's run_dir, else $INFRARSI_HOME/runs/NAME)")
+    s.add_argument("task", nargs="?",
+                   help="task spec YAML, or a built-in task: cpu_dense, cpu_moe, gpu_dense, gpu_moe")
+    s.add_argument("--run-dir", help="where contract.json goes (default: the spec's run_dir, else "
+                   "$INFRARSI_HOME/runs/NAME)")
+    s.add_argument("--from-script", metavar="SCRIPT",
+                   help="write a starting adapter and task YAML beside a plain PyTorch script")
+    s.add_argument("--force", action="store_true", help="with --from-script: overwrite them")
     s.add_argument("--local-mode", action="store_true",
                    help="run the baseline in this process (no Ray workers; for quick checks)")
     s.set_defaults(func=cmd_init)

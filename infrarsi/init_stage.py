@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi.contract import Contract, TaskSpec, load_task, lock
-from infrarsi.errors import ContractError
+from infrarsi.errors import ContractError, WorkloadError
 from infrarsi.rundir import point_latest
 from infrarsi.trial import TrialRecord
 
@@ -58,13 +58,24 @@ def init_task(task: str | Path | TaskSpec, *, run_dir: Path | None = None,
     Train job of the baseline config), so the reference and the trials share the harness.
     """
     from infrarsi.backends.ray_train import RayTrainBackend
+    from infrarsi.workloads import build_torch_space
     from infrarsi.workloads.shape import shape_stats
 
     spec = task if isinstance(task, TaskSpec) else load_task(task)
     run_dir = Path(run_dir) if run_dir else spec.run_path()
+    measured = None
+    if spec.workload.adapter and not spec.workload.script:
+        # The entry contract (functions, data, loss), checked before any trial.
+        from infrarsi.harness.stats import adapter_stats
+
+        baseline_mb = build_torch_space(spec).defaults()["micro_batch_size"]
+        measured = adapter_stats(spec, micro_batch_size=baseline_mb)
     backend = RayTrainBackend(spec, local_mode=local_mode)
     baseline = backend.baseline_config()
     record = backend.execute(baseline, trial_id="init-baseline")
+    if not record.ok and "WorkloadError" in record.error_message:
+        raise WorkloadError(f"the baseline trial stopped on your workload code: "
+                            f"{record.error_message}")
     if not record.ok:
         raise ContractError(
             f"the baseline config {baseline} did not run ({record.status.value}"
@@ -72,8 +83,11 @@ def init_task(task: str | Path | TaskSpec, *, run_dir: Path | None = None,
             f"{record.error_message}. Change search.baseline in {spec.base_dir or 'the task spec'} "
             "(e.g. a smaller micro_batch_size or activation_checkpointing) and re-run init."
         )
+    stats = {**(measured or shape_stats(spec)), **record.extra}
+    if spec.workload.adapter:
+        stats["tokens_per_step"] = record.tokens_per_step
     contract = lock(spec, baseline_config=baseline, loss_trace=record.loss_trace,
-                    model_stats={**shape_stats(spec), **record.extra})
+                    model_stats=stats)
     path = contract.save(run_dir)
     point_latest(run_dir)
     # the saved contract carries its checksum (the in-memory one from lock() has none yet)

@@ -92,3 +92,29 @@ def test_existing_branch_is_refused_and_cli_exit_code(tmp_path, capsys):
     assert main(["apply", str(run.run_dir), "--bank-url", run.bank_url]) == 0
     out = capsys.readouterr().out
     assert "your current branch was not touched" in out and git(run.repo, "branch", "--show-current").strip() == "main"
+
+
+def test_promoted_knobs_land_in_the_users_own_settings_file(tmp_path, monkeypatch):
+    import json
+
+    import report_fixture as rf
+
+    plain = rf.make_repo
+
+    def repo_with_launch(tmp):  # the user's job reads its settings from ws/job.json
+        repo = plain(tmp)
+        task = repo / "synth.yaml"
+        task.write_text(task.read_text() + "launch:\n  file: job.json\n  keys: "
+                        "{micro_batch_size: batch.micro, activation_checkpointing: ckpt}\n")
+        (repo / "ws" / "job.json").write_text('{"lr": 0.001, "batch": {"micro": 1}}\n')
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", "job settings")
+        return repo
+
+    monkeypatch.setattr(rf, "make_repo", repo_with_launch)
+    run = rf.make_run(tmp_path, "knobs")
+    res = apply_run(run.run_dir, bank_url=run.bank_url, branch="speedup")
+    assert "ws/job.json" in res.files
+    landed = json.loads(git(run.repo, "show", "speedup:ws/job.json"))
+    assert landed == {"lr": 0.001, "batch": {"micro": 4}, "ckpt": "full"}
+    assert json.loads((run.repo / "ws" / "job.json").read_text())["batch"]["micro"] == 1

@@ -1,7 +1,8 @@
 """The apply stage: the promoted result as a reviewable branch of the user's repository.
 
-What lands on the branch: the verified patches (applied to the workspace inside the repo) and a
-launch config (``infrarsi/promoted/<task>.yaml``: the full promoted config, the changed knobs,
+What lands on the branch: the verified patches (applied to the workspace inside the repo), the
+promoted knobs in the user's own settings file when the task YAML maps them (``launch``: see
+:mod:`infrarsi.apply._settings`), and a launch config (``infrarsi/promoted/<task>.yaml``: the full promoted config, the changed knobs,
 the patches, the evidence and the equivalent ``infrarsi trial`` command line), in one commit
 whose message carries the headline evidence.
 
@@ -90,6 +91,13 @@ def apply_run(run_dir: str | Path | None = None, *, repo: str | Path | None = No
     command = trial_command(data, data.winner_config, relative_to=root, run_dir=False,
                             patches=False)
     edits[cfg_rel] = _launch_yaml(data, command)
+    launch = data.contract.task.get("launch")
+    if launch:  # the promoted knobs, where the user's job reads them
+        from infrarsi.apply._settings import settings_text
+
+        rel = _join(ws_rel, launch["file"])
+        edits[rel] = settings_text(edits.get(rel) or _committed(root, rel), launch["file"],
+                                   launch.get("keys") or {}, launch_knobs(data.winner_config or {}))
     message = commit_message(data, sorted(edits), command)
     base = git(root, "rev-parse", "HEAD").strip()
     commit = _commit_on_branch(root, name, edits, message)

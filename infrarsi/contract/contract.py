@@ -212,15 +212,24 @@ def lock(spec: TaskSpec, *, baseline_config: dict[str, Any], loss_trace: Sequenc
         if spec.loss_reference.rtol is not None else dict(DEFAULT_LOSS_RTOL)
     )
     wl = spec.workload
+    work_shape = spec.to_dict()["workload"]["shape"]
+    tokens, seq_len = wl.tokens_per_step, wl.seq_len
+    if wl.adapter:  # read from the user's model and data, not the YAML
+        work_shape = dict(model_stats.get("shape") or {})
+        tokens = int(model_stats.get("tokens_per_step") or 0)
+        seq_len = int(work_shape.get("seq_len") or model_stats.get("seq_len") or 0)
+        if not tokens:
+            raise ContractError("the baseline of an adapter workload counted no tokens; "
+                                "tokens(batch) must return a positive int")
     return Contract(
         task=spec.to_dict(),
         frozen_files={k_: sha256_file(p) for k_, p in frozen_paths(spec).items()},
         editable=tuple(spec.scope.editable),
         work=Work(
-            tokens_per_step=wl.tokens_per_step,
+            tokens_per_step=tokens,
             global_batch_size=wl.global_batch_size,
-            seq_len=wl.seq_len,
-            shape=spec.to_dict()["workload"]["shape"],
+            seq_len=seq_len,
+            shape=work_shape or {},
             num_params=int(model_stats.get("num_params", 0)),
             flops_per_token=float(model_stats.get("flops_per_token", 0.0)),
         ),

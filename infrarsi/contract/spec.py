@@ -3,7 +3,8 @@ checkout's configs/ links to): frozen dataclasses loaded by the strict loader.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,19 @@ class ModelShape:
     num_experts: int = 0
     top_k: int = 0
     aux_loss_weight: float = 0.01
+    # The reference models use rotary position embeddings, which need an even head dimension;
+    # a model with learned positions sets this false and the rule does not apply.
+    rotary: bool = True
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} must be divisible by num_heads {self.num_heads}"
             )
-        if (self.hidden_size // self.num_heads) % 2:
-            raise ConfigError("hidden_size / num_heads must be even for rotary embeddings")
+        if self.rotary and (self.hidden_size // self.num_heads) % 2:
+            raise ConfigError(
+                f"hidden_size / num_heads = {self.hidden_size // self.num_heads} must be even for "
+                "rotary embeddings; set shape.rotary: false for a model without them")
         if self.num_experts and not 0 < self.top_k <= self.num_experts:
             raise ConfigError(f"top_k {self.top_k} must be in 1..num_experts ({self.num_experts})")
 
@@ -42,27 +48,51 @@ class WorkloadSpec:
     """The user's training code and the work one optimizer step does.
 
     ``workspace`` is the directory of the user's code (relative to the YAML file); ``entry`` is
-    the file in it that defines ``build_model(shape: dict, parallel: dict) -> torch.nn.Module``
-    (the entry point's interface, frozen by the contract).
+    the file in it that is the entry point (its interface is frozen by the contract):
+
+    * without ``shape``: the user's adapter, ``build_model()``, ``batches(ctx)``,
+      ``loss(model, batch)``, ``tokens(batch)`` (:mod:`infrarsi.harness.workload`); the shape
+      (parameters, layers, width, heads) and the tokens per step are read from the model and
+      the data, so the YAML names only ``global_batch_size`` (rows per optimizer step);
+    * with ``shape``: ``build_model(shape: dict, parallel: dict) -> torch.nn.Module`` fed by the
+      harness's synthetic tokens (the reference workloads).
     """
 
     workspace: str
-    family: str
-    shape: ModelShape
-    seq_len: int
     global_batch_size: int
+    family: str = "dense"
+    shape: ModelShape | None = None
+    seq_len: int = 0
     entry: str = "entry.py"
+    # The user's own training loop: a script in the workspace that calls infrarsi.prepare and
+    # infrarsi.step (infrarsi.harness.own_loop), run with these arguments; no entry then.
+    script: str | None = None
+    script_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.family not in ("dense", "moe"):
             raise ConfigError(f"family {self.family!r} must be 'dense' or 'moe'")
+        if self.shape is None and self.family == "moe":
+            raise ConfigError("an adapter workload (no shape) is tuned as dense; remove family: moe")
         if self.family == "moe" and not self.shape.num_experts:
             raise ConfigError("a moe workload needs shape.num_experts > 0 and shape.top_k")
-        if self.seq_len <= 0 or self.global_batch_size <= 0:
-            raise ConfigError("seq_len and global_batch_size must be positive")
+        if self.global_batch_size <= 0 or self.seq_len < 0:
+            raise ConfigError("global_batch_size must be positive (and seq_len not negative)")
+        if self.script and self.shape is not None:
+            raise ConfigError("workload.script (your own loop) reads the shape from your model; "
+                              "remove workload.shape")
+        if self.shape is not None and self.seq_len <= 0:
+            raise ConfigError("a workload with a shape needs a positive seq_len")
+
+    @property
+    def adapter(self) -> bool:
+        """True for the user's own model, data and loss (no shape in the YAML)."""
+        return self.shape is None
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step as the YAML states them (0 for an adapter workload:
+        its tokens are counted from its data and locked by the contract)."""
         return self.global_batch_size * self.seq_len
 
 
@@ -115,11 +145,19 @@ class HardwareSpec:
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"device {self.device!r} must be 'cpu' or 'cuda'")
-        if self.device == "cpu" and not self.memory_capacity_gib:
-            raise ConfigError(
-                "a cpu task needs hardware.memory_capacity_gib (the emulated device capacity, "
-                "e.g. 1.5)"
-            )
+        if self.memory_capacity_gib is not None and self.memory_capacity_gib <= 0:
+            raise ConfigError("hardware.memory_capacity_gib must be positive (or left out)")
+
+    def capacity_gib(self) -> float | None:
+        """The memory capacity per worker: the spec's, else on CPU this machine's memory
+        shared by ``max_workers`` (an emulated device of a fair share)."""
+        if self.memory_capacity_gib or self.device != "cpu":
+            return self.memory_capacity_gib
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):  # not POSIX: no emulated capacity
+            return None
+        return round(total / 2**30 / max(self.max_workers, 1), 3)
 
 
 @dataclass(frozen=True)
@@ -171,6 +209,16 @@ class LLMSpec:
 
 
 @dataclass(frozen=True)
+class LaunchSpec:
+    """Where the user's job reads its launch settings: ``file`` (JSON or YAML, relative to the
+    workspace) and, per knob, the dotted ``keys`` it is read from. ``infrarsi apply`` writes the
+    promoted knobs there (``infrarsi.apply._settings``)."""
+
+    file: str
+    keys: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     name: str
     workload: WorkloadSpec
@@ -183,6 +231,7 @@ class TaskSpec:
     bank: BankSpec = field(default_factory=BankSpec)
     verify: VerifySpec = field(default_factory=VerifySpec)
     llm: LLMSpec | None = None
+    launch: LaunchSpec | None = None
     # "" : <home>/runs/{name} (infrarsi._home); a relative path is relative to the current folder
     run_dir: str = ""
     # Where the spec was read from; relative paths in it are relative to this directory.
@@ -227,15 +276,25 @@ def load_task(path: str | Path) -> TaskSpec:
         raise ConfigError(f"{path}: the task spec must be a mapping at the top level")
     data = {**data, "base_dir": str(path.parent)}
     spec = TaskSpec.from_dict(data, source=str(path))
+    if spec.hardware.memory_capacity_gib is None and spec.hardware.capacity_gib():
+        # Defaulted here, so the contract locks the capacity the baseline ran under.
+        spec = replace(spec, hardware=replace(spec.hardware,
+                                              memory_capacity_gib=spec.hardware.capacity_gib()))
     ws = spec.workspace_path()
     if not ws.is_dir():
         raise ConfigError(
             f"{path}: workload.workspace {spec.workload.workspace!r} resolves to {ws}, which is not "
             "a directory; point it at the folder holding your training code"
         )
-    if not (ws / spec.workload.entry).is_file():
+    if spec.workload.script:
+        if not (ws / spec.workload.script).is_file():
+            raise ConfigError(f"{path}: workload.script {spec.workload.script!r} not found in "
+                              f"{ws}; name your training script, relative to the workspace")
+    elif not (ws / spec.workload.entry).is_file():
+        what = ("build_model(), batches(ctx), loss(model, batch) and tokens(batch)"
+                if spec.workload.adapter else "build_model(shape, parallel)")
         raise ConfigError(
-            f"{path}: workload.entry {spec.workload.entry!r} not found in {ws}; it must define "
-            "build_model(shape, parallel)"
+            f"{path}: workload.entry {spec.workload.entry!r} not found in {ws}; name the file of "
+            f"your workspace that defines {what}"
         )
     return spec

@@ -40,10 +40,21 @@ def load_entry(workspace: str | Path, entry: str = "entry.py") -> Iterator[Any]:
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:
-            raise WorkloadError(f"cannot import the workload entry {entry_path}: {e}") from e
-        if not callable(getattr(module, "build_model", None)):
             raise WorkloadError(
-                f"{entry_path} does not define build_model(shape, parallel) -> torch.nn.Module"
+                f"cannot import the workload entry {entry_path}: {e}. Install the missing "
+                "package in the workers' environment, or import your own modules relatively "
+                "(`from .model import GPT`): the workspace is loaded as a package") from e
+        from infrarsi.harness.workload import check_adapter, is_adapter
+
+        if is_adapter(module):
+            check_adapter(module, str(entry_path))
+        elif not callable(getattr(module, "build_model", None)):
+            raise WorkloadError(
+                f"{entry_path} defines neither the adapter interface nor the reference one. For "
+                "your own model, data and loss, define build_model(), batches(ctx), "
+                "loss(model, batch) and tokens(batch) in it (see infrarsi.harness.workload; "
+                "the task YAML then gives no workload.shape); for a model fed by the harness's "
+                "synthetic tokens, build_model(shape, parallel) -> torch.nn.Module"
             )
         yield module
     finally:

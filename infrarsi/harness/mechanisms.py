@@ -37,9 +37,11 @@ class CompileFailure(RuntimeError):
     """``torch.compile`` failed (tracing, lowering or the C++/Triton build); a compile error."""
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
+def apply_activation_checkpointing(model: nn.Module, mode: str,
+                                   blocks: nn.Module | None = None) -> None:
     """Wrap every block ("full") or every second block ("selective") with non-reentrant
-    ``checkpoint_wrapper``; "none" leaves the blocks alone."""
+    ``checkpoint_wrapper``; "none" leaves the blocks alone. ``blocks``: the container of the
+    repeated blocks (default ``model.layers``)."""
     if mode == "none":
         return
     if mode not in ("selective", "full"):
@@ -49,9 +51,10 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
         checkpoint_wrapper,
     )
 
-    for i, block in enumerate(model.layers):
+    layers = model.layers if blocks is None else blocks
+    for i, block in enumerate(layers):
         if mode == "full" or i % 2 == 0:
-            model.layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
 def set_compile_cache() -> str:
@@ -60,13 +63,14 @@ def set_compile_cache() -> str:
     return os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default))
 
 
-def apply_compile(model: nn.Module, mode: str) -> None:
+def apply_compile(model: nn.Module, mode: str, blocks: nn.Module | None = None) -> None:
     """``torch.compile(block, mode=mode)`` on every block; "off" runs eagerly."""
     if mode == "off":
         return
     set_compile_cache()
-    for i, block in enumerate(model.layers):
-        model.layers[i] = torch.compile(block, mode=mode)
+    layers = model.layers if blocks is None else blocks
+    for i, block in enumerate(layers):
+        layers[i] = torch.compile(block, mode=mode)
 
 
 def is_compile_error(exc: BaseException) -> bool:
@@ -86,8 +90,11 @@ def is_compile_error(exc: BaseException) -> bool:
 
 
 def wrap_data_parallel(model: nn.Module, config: Mapping[str, Any], device: torch.device,
-                       ignore: Iterable[nn.Parameter] = ()) -> nn.Module:
-    """DDP (more than one rank) or FSDP2 ``fully_shard`` per block + root (when distributed)."""
+                       ignore: Iterable[nn.Parameter] = (), *,
+                       blocks: nn.Module | None = None) -> nn.Module:
+    """DDP (more than one rank) or FSDP2 ``fully_shard`` per block + root (when distributed).
+    ``blocks``: the repeated blocks FSDP shards one by one (default ``model.layers``; an
+    adapter workload without blocks shards the root only)."""
     if not (dist.is_available() and dist.is_initialized()):
         return model
     world = dist.get_world_size()
@@ -97,7 +104,7 @@ def wrap_data_parallel(model: nn.Module, config: Mapping[str, Any], device: torc
 
         mesh = init_device_mesh(device.type, (world,))
         raf = bool(config["reshard_after_forward"])
-        for block in model.layers:
+        for block in (getattr(model, "layers", ()) if blocks is None else blocks):
             fully_shard(block, mesh=mesh, reshard_after_forward=raf)
         fully_shard(model, mesh=mesh, reshard_after_forward=raf)
         return model

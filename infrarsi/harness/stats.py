@@ -51,3 +51,17 @@ def model_stats(task: dict[str, Any], workspace: str | Path | None = None) -> di
     with load_entry(ws, spec.workload.entry) as entry, torch.device("meta"):
         model = entry.build_model(shape, parallel)
     return count_stats(model, shape)
+
+
+def adapter_stats(task: TaskSpec | dict[str, Any], workspace: str | Path | None = None, *,
+                  micro_batch_size: int = 1) -> dict[str, Any]:
+    """Check an adapter workload's entry contract and read its shape (in this process, on the
+    meta device): ``num_params``, ``num_layers``, ``hidden_size``, ``num_heads``,
+    ``vocab_size``, ``seq_len``, ``tokens_per_step``, ``flops_per_token``, ``blocks``."""
+    from infrarsi.harness.workload import probe
+
+    spec = TaskSpec.from_dict(task) if isinstance(task, dict) else task
+    ws = workspace if workspace is not None else spec.workspace_path()
+    with load_entry(ws, spec.workload.entry) as entry:
+        return probe(entry, global_batch_size=spec.workload.global_batch_size,
+                     micro_batch_size=micro_batch_size, seed=spec.loss_reference.seed)

@@ -18,6 +18,7 @@ from infrarsi.contract.spec import TaskSpec
 from infrarsi.errors import IllegalConfigError
 from infrarsi.harness import mechanisms as mech
 from infrarsi.harness._workspace import load_entry
+from infrarsi.harness.adapter_run import AdapterRun
 from infrarsi.harness.clock import ClockTamperError, StepClock
 from infrarsi.harness.data import global_batch, micro_batches
 from infrarsi.harness.layout import Layout, build_mesh
@@ -237,6 +238,10 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
     rank, world = _dist_info()
     _check_world(config, world)
     device = _device(spec)
+    if spec.workload.script:  # the user's own loop, with infrarsi.prepare and infrarsi.step
+        from infrarsi.harness.own_loop import train_script
+
+        return train_script(spec, config, payload, device, SETTLE_STEPS)
     timing, ref = spec.timing, spec.loss_reference
     meter = CpuMemoryMeter() if device.type == "cpu" else None
     measured_from = timing.warmup_steps + (SETTLE_STEPS if meter else 0)
@@ -245,7 +250,9 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
 
     slow_s = payload.get("stop_slower_than_s")
     stopped: dict[str, Any] | None = None
-    run = _Run(spec, config, device)
+    # A task without a shape runs the user's adapter (their model, data and loss).
+    run = _Run(spec, config, device) if spec.workload.shape is not None else AdapterRun(
+        spec, config, device)
     losses: list[torch.Tensor] = []
     clock = StepClock(device, guard=payload.get("step_guard"))
     # the run's live view (rank 0 only): the loop sets a field, a thread writes the file, so
@@ -308,6 +315,9 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
     if world > 1:
         dist.all_reduce(trace)
         trace /= world
+    tokens_per_step = spec.workload.tokens_per_step
+    if isinstance(run, AdapterRun):
+        tokens_per_step, stats = _adapter_stats(run, spec, world, device)
     return {
         "rank": rank,
         "world_size": world,
@@ -315,13 +325,30 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
         "loss_trace": [float(x) for x in trace.cpu()],
         "peak_memory_bytes": int(peak),
         "phase_times_s": {},
-        "tokens_per_step": spec.workload.tokens_per_step,
+        "tokens_per_step": tokens_per_step,
         "t_first_measured_step": clock.wall_marks[0],
         "num_params": int(stats["num_params"]),
         "flops_per_token": float(stats["flops_per_token"]),
+        **({"shape": stats["shape"]} if "shape" in stats else {}),
         **extra,  # "phase_times_s" and "profile" of the profiled step, when asked for
         **({"stopped_early": stopped} if stopped else {}),
     }
+
+
+def _adapter_stats(run: AdapterRun, spec: TaskSpec, world: int, device: torch.device
+                   ) -> tuple[int, dict[str, Any]]:
+    """Tokens of one global step (every rank's, counted by the user's ``tokens(batch)``) and
+    the measured shape with its FLOPs per token."""
+    from infrarsi.harness.workload import flops_per_token
+
+    tokens = torch.tensor([int(run.tokens_per_step or 0)], dtype=torch.int64, device=device)
+    if world > 1:
+        dist.all_reduce(tokens)
+    total = int(tokens.item())
+    seq_len = total // spec.workload.global_batch_size
+    shape = {**run.shape, "seq_len": seq_len}
+    return total, {"num_params": shape["num_params"], "shape": shape,
+                   "flops_per_token": flops_per_token(shape, seq_len)}
 
 
 SKETCH_DIM = 8

@@ -99,7 +99,10 @@ def build_torch_space(spec: TaskSpec) -> SearchSpace:
         Rule("global batch", lambda c: _global_batch_violation(c, gbs)),
         Rule("cpu budget", lambda c: _cpu_violation(c, hw.max_workers * hw.cpus_per_worker)),
     ]
-    if hw.max_workers > 1:
+    # Tensor/pipeline layouts rely on the reference model contract (entry.py: chunked fused
+    # projections, a sequential forward); a user's own model (an adapter workload, no shape)
+    # runs data-parallel layouts only.
+    if hw.max_workers > 1 and wl.shape is not None:
         layout_knobs, layout_rules = _layout_space(spec)
         knobs += layout_knobs
         rules += layout_rules

@@ -65,21 +65,42 @@ class TrainerOutcome:
                    message=reply.get("message", ""), pool=pool)
 
 
-def read_workspace(root: Path) -> dict[str, str]:
-    """The workspace's text files by relative path, to ship to workers on any node."""
+# Folders of a workspace that are never code or data of the job.
+_SKIP_DIRS = {"__pycache__", ".git", ".venv", "runs", ".pytest_cache", ".mypy_cache"}
+# A workspace is shipped in the trial's payload; a file past this is the job's bulk data, which
+# workers must read from shared storage instead.
+MAX_SHIPPED_FILE_BYTES = 32 * 2**20
+
+
+def read_workspace(root: Path) -> dict[str, bytes]:
+    """The workspace's files (any type: code, data, configs) by relative path, to ship to
+    workers on any node."""
+    from infrarsi.errors import WorkloadError
+
     files = {}
     for p in sorted(root.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".json", ".yaml", ".txt"):
-            files[str(p.relative_to(root))] = p.read_text()
+        rel = p.relative_to(root)
+        if not p.is_file() or _SKIP_DIRS.intersection(rel.parts[:-1]) or p.suffix == ".pyc":
+            continue
+        if p.stat().st_size > MAX_SHIPPED_FILE_BYTES:
+            raise WorkloadError(
+                f"{p} is {p.stat().st_size / 2**20:.0f} MiB; a workspace ships every file to the "
+                f"workers (at most {MAX_SHIPPED_FILE_BYTES // 2**20} MiB each): keep large data "
+                "outside the workspace and read it by absolute path from storage every worker "
+                "sees")
+        files[str(rel)] = p.read_bytes()
     return files
 
 
-def _materialize(files: dict[str, str]) -> str:
+def _materialize(files: dict[str, bytes | str]) -> str:
     root = Path(tempfile.mkdtemp(prefix="infrarsi-ws-"))
-    for rel, text in files.items():
+    for rel, content in files.items():
         dest = root / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text)
+        if isinstance(content, str):
+            dest.write_text(content)
+        else:
+            dest.write_bytes(content)
     return str(root)
 
 

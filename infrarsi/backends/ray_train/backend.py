@@ -51,8 +51,24 @@ GIB = 2**30
 STARTUP_ALLOWANCE_S = 120.0
 
 
-def workload_signature(spec: TaskSpec) -> WorkloadSignature:
+def workload_signature(spec: TaskSpec, measured: Mapping[str, Any] | None = None
+                       ) -> WorkloadSignature:
+    """The bank's key of this workload. An adapter workload's comes from its ``measured``
+    shape (the contract's ``work.shape``, else read from the model now); a reference
+    workload's from the YAML shape."""
     wl, shape = spec.workload, spec.workload.shape
+    if wl.adapter:
+        # An own-loop script's shape is known only once it ran: the baseline measures it and
+        # the contract keeps it; before that (init's baseline) the signature has zeros.
+        m = measured or (dict.fromkeys(("num_params", "num_layers", "hidden_size", "num_heads",
+                                        "seq_len", "vocab_size"), 0)
+                         if wl.script else _adapter_shape(spec))
+        return WorkloadSignature(
+            model_family=wl.family, num_params=int(m["num_params"]),
+            num_layers=int(m["num_layers"]), hidden_size=int(m["hidden_size"]),
+            num_heads=int(m["num_heads"]), seq_len=int(m["seq_len"]),
+            global_batch_size=wl.global_batch_size, num_experts=0, top_k=0,
+            vocab_size=int(m["vocab_size"]), name=spec.name)
     stats = shape_stats(spec)
     return WorkloadSignature(
         model_family=wl.family,
@@ -67,6 +83,12 @@ def workload_signature(spec: TaskSpec) -> WorkloadSignature:
         vocab_size=shape.vocab_size,
         name=spec.name,
     )
+
+
+def _adapter_shape(spec: TaskSpec) -> dict[str, Any]:
+    from infrarsi.harness.stats import adapter_stats
+
+    return adapter_stats(spec)
 
 
 def hardware_fingerprint(spec: TaskSpec) -> HardwareFingerprint:
@@ -148,7 +170,10 @@ class RayTrainBackend(Backend):
         self.local_mode = local_mode
         self.storage_path = storage_path or os.path.join(tempfile.gettempdir(), "infrarsi-ray-results")
         self._space = build_torch_space(spec)
-        self._workload = workload_signature(spec)
+        measured = contract.work.shape if contract is not None and spec.workload.adapter else None
+        self._workload = workload_signature(spec, measured)
+        self._tokens_per_step = (contract.work.tokens_per_step if contract is not None
+                                 else spec.workload.tokens_per_step)
         self._hardware = hardware_fingerprint(spec)
 
     @property
@@ -203,7 +228,7 @@ class RayTrainBackend(Backend):
             "workload": self._workload,
             "hardware": self._hardware,
             "memory_capacity_bytes": self._hardware.memory_bytes or None,
-            "tokens_per_step": self.spec.workload.tokens_per_step,
+            "tokens_per_step": self._tokens_per_step,
             "device_seconds": wall * devices,
             "wall_seconds": wall,
         }
@@ -223,7 +248,8 @@ class RayTrainBackend(Backend):
     def _ok_record(self, outcome: TrainerOutcome, config: dict[str, Any],
                    common: dict[str, Any]) -> TrialRecord:
         value = outcome.value or {}
-        extra = {k: value[k] for k in ("num_params", "flops_per_token", "profile", "stopped_early")
+        extra = {k: value[k] for k in ("num_params", "flops_per_token", "profile", "stopped_early",
+                                       "shape")
                  if k in value}
         if outcome.pool is not None:
             extra["pool"] = outcome.pool
