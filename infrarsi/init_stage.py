@@ -83,7 +83,11 @@ def init_task(task: str | Path | TaskSpec, *, run_dir: Path | None = None,
             f"{record.error_message}. Change search.baseline in {spec.base_dir or 'the task spec'} "
             "(e.g. a smaller micro_batch_size or activation_checkpointing) and re-run init."
         )
-    stats = {**(measured or shape_stats(spec)), **record.extra}
+    # the shape: measured from the adapter's model, else from the YAML's; an own loop's
+    # (workload.script) is measured by the baseline trial itself (record.extra)
+    if measured is None and spec.workload.shape is not None:
+        measured = shape_stats(spec)
+    stats = {**(measured or {}), **record.extra}
     if spec.workload.adapter:
         stats["tokens_per_step"] = record.tokens_per_step
     contract = lock(spec, baseline_config=baseline, loss_trace=record.loss_trace,
