@@ -52,6 +52,17 @@ PRIORS_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+def _revision_schema() -> dict[str, Any]:
+    """PRIORS_SCHEMA whose items must also say why the prior changed (``reason``)."""
+    item = json.loads(json.dumps(PRIORS_SCHEMA["properties"]["priors"]["items"]))
+    item["properties"]["reason"] = {"type": "string"}
+    item["required"] = [*item["required"], "reason"]
+    return {"type": "object", "properties": {"priors": {"type": "array", "items": item}},
+            "required": ["priors"], "additionalProperties": False}
+
+
+REVISION_SCHEMA: dict[str, Any] = _revision_schema()
+
 PATCHES_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -151,5 +162,35 @@ def patches_messages(context: Context, max_source_chars: int = 40_000) -> list[d
         "what it computes. Each patch is a unified diff against the files above exactly as "
         "shown (--- a/<path> / +++ b/<path>, @@ hunks with 3 lines of context). Only edit the "
         "files above; do not touch the harness, timing, data, seeds, precision or threads.",
+    ])
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": body}]
+
+
+def _prior_rows(priors: Iterable[Any]) -> list[dict[str, Any]]:
+    return [{"knob": p.knob, "setting": p.setting, "log_time_effect": p.log_time_effect,
+             "log_time_std": p.log_time_std, "log_mem_effect": p.log_mem_effect,
+             "log_mem_std": p.log_mem_std, "source": p.source} for p in priors]
+
+
+def revision_messages(context: Context, current: Iterable[Any]) -> list[dict[str, str]]:
+    """Show the model its priors next to what the live trials measured; ask for revisions."""
+    judged = [r.to_dict() if hasattr(r, "to_dict") else dict(r)
+              for r in context.get("revisions") or ()]
+    space = context["space"]
+    body = "\n\n".join([
+        f"Workload: family={family(context)}; device={device_kind(context)}",
+        "Knob space (effects are relative to each knob's default):\n"
+        + _json(knob_table(space), 4000),
+        "The priors the search uses now (natural-log effects vs the default):\n"
+        + _json(_prior_rows(current), 6000),
+        "What the live trials measured, per prior (prior_mean/std: the prior; posterior_mean/"
+        "std: the effect fitted on the trials; evidence_n: trials run at that setting; flagged: "
+        "the measurement lies outside the prior's 95% interval):\n" + _json(judged, 6000),
+        "Trials so far (knobs changed from the default, outcome):\n"
+        + _json(_trial_rows(context.get("trials") or (), space.defaults()), 4000),
+        "Revise the priors the measurements contradict (and any others the evidence teaches "
+        "you about). Return ONLY the knob settings whose prior you change, each with the full "
+        "revised effects and stds and a one-sentence reason citing the evidence. Use only knob "
+        "names and values listed above; |effect| <= 3; std 0.05-2.",
     ])
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": body}]

@@ -25,8 +25,9 @@ from typing import Any
 from infrarsi.contract import Contract
 from infrarsi.errors import FrozenFileChangedError, InfraRSIError
 from infrarsi.rundir import OUTCOME_FILE, STATE_FILE, TUNE_DIR, write_json
-from infrarsi.search._patch_stage import prepare_patches, promoted_patches
+from infrarsi.search._patch_stage import make_proposer, prepare_patches, promoted_patches
 from infrarsi.search._progress import Progress
+from infrarsi.search._revise import PriorReviser
 from infrarsi.search._session import RunSession
 from infrarsi.search.engine import SearchEngine
 from infrarsi.search.searcher import InfraRSISearcher, split_stop_hint
@@ -118,7 +119,8 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
     run_dir = Path(run_dir).resolve()  # trials run with their own working directory
     with RunSession.open(run_dir, resume=resume, bank_url=bank_url, local_mode=local_mode,
                          progress=progress, fresh_processes=fresh_processes) as session:
-        setup = prepare_patches(session, enabled=patches, resume=resume, proposer=proposer)
+        session.proposer = proposer or make_proposer(session.spec, progress)
+        setup = prepare_patches(session, enabled=patches, resume=resume, proposer=session.proposer)
         session.use_patches(setup.verified, setup.conflicts)
         engine = _engine(session, budget, use_experience)
         state_path = run_dir / STATE_FILE
@@ -129,6 +131,7 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
         if done < budget and not engine.stop_reason:
             table.header(budget, engine.n_init)
             _tune(session, engine, budget - done, state_path, table, max_concurrent)
+        _judge_priors(session, engine)
         best = engine.best()
         if engine.stop_reason:
             progress(f"search stopped: {engine.stop_reason}")
@@ -164,6 +167,16 @@ def _engine(session: RunSession, budget: int, use_experience: bool) -> SearchEng
     )
 
 
+def _judge_priors(session: RunSession, engine: SearchEngine) -> None:
+    """The priors against every trial of the search, kept for the report's priors section."""
+    try:
+        if engine.priors and engine.observations:
+            engine.judge_priors()
+            session.save_state(engine.state_dict())
+    except Exception as e:  # noqa: BLE001 - the report then shows the priors without a verdict
+        session.progress(f"warning: could not judge the priors against the trials ({e})")
+
+
 def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
           table: Progress, max_concurrent: int) -> None:
     import ray
@@ -176,6 +189,7 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         if origin.startswith("seed:baseline") and record.ok:
             session.baseline_step_s = table.baseline_step_s = record.step_time_s
         table.row(len(engine.observations), record, origin, live)
+        reviser.after_trial(engine)  # before the next suggestion, which the revision informs
         session.save_state(engine.state_dict())
         # Every trial re-hashes the frozen files and fails when one changed; stop at the first
         # such trial instead of spending the rest of the budget on failures.
@@ -184,6 +198,7 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         except FrozenFileChangedError as e:
             searcher.halt(str(e))
 
+    reviser = PriorReviser(session.proposer, session.proposer_context, session.progress)
     searcher = InfraRSISearcher(engine, state_path=state_path, on_record=on_record,
                                 on_suggest=session.open_trial, early_stop=True)
     trainable = tune.with_parameters(_trainable, spec_dict=session.spec.to_dict(),
