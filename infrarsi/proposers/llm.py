@@ -23,6 +23,7 @@ from infrarsi.proposers._llm_prompt import (
     REVISION_SCHEMA,
     patches_messages,
     priors_messages,
+    repair_messages,
     revision_messages,
 )
 from infrarsi.proposers._llm_validate import (
@@ -105,6 +106,16 @@ class LLMProposer(Proposer):
         self.stats["patches_accepted"] += len(mine)
         digests = {p.digest for p in mine}
         return mine + [p for p in expert if p.digest not in digests]
+
+    def repair(self, context: Context, rejected: list[tuple[Patch, Any]]) -> list[Patch]:
+        """Corrected patches after the verifier rejected ``rejected`` ((patch, verdict) pairs,
+        the reason fed back once); [] when the model withdraws them or fails (logged)."""
+        data = self._ask(context, repair_messages(context, rejected), PATCHES_SCHEMA, "repair",
+                         self.patches_max_tokens)
+        mine = validate_patches(data, workspace_of(context), scope_of(context), self.stats,
+                                f"{self.source}:repair") if data else []
+        self.stats["repairs_accepted"] += len(mine)
+        return mine
 
     # ---- one exchange -----------------------------------------------------------------
     def _ask(self, context: Context, messages: list[dict[str, str]], schema: dict[str, Any],
