@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 from conftest import copy_task
@@ -215,3 +216,67 @@ def test_report_priors_section_shows_prior_revised_measured(tmp_path):
     assert ("| precision | bf16 | time | +0.400 ± 0.200 | llm:scripted-coder | expert +0.100; "
             "llm +0.400 | -0.400 ± 0.100 (after 3 trials) | -0.380 ± 0.020 | 4 |") in section
     assert "bf16 measured 33% faster" in section
+
+
+def _plain_run_dir(tmp_path, server) -> Path:
+    """A locked contract on a copy of the plain (non-reference) workspace, small shapes."""
+    import shutil
+
+    from test_patterns import PLAIN
+
+    task = copy_task(tmp_path, **{"llm.base_url": server.base_url, "llm.model": MODEL,
+                                  "workload.seq_len": 32, "workload.shape.hidden_size": 32,
+                                  "workload.shape.num_layers": 2, "workload.shape.num_heads": 2,
+                                  "workload.shape.ffn_hidden_size": 64,
+                                  "workload.shape.vocab_size": 256,
+                                  "timing.measured_steps": 3})
+    shutil.rmtree(tmp_path / "ws")
+    shutil.copytree(PLAIN, tmp_path / "ws", ignore=shutil.ignore_patterns("__pycache__"))
+    spec = load_task(task)
+    contract = lock(spec, baseline_config=dict(spec.search.baseline),
+                    loss_trace=[7.0] * spec.loss_reference.steps, model_stats={})
+    contract.save(tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_llm_patches_for_a_plain_workspace_are_verified_fed_back_once_and_searched(
+        server, tmp_path):
+    from test_patterns import PLAIN
+
+    from infrarsi.proposers import ExpertProposer
+    from infrarsi.proposers._patterns import pattern_patches
+    from infrarsi.search._patch_stage import PATCHES_FILE, prepare_patches
+
+    net = (PLAIN / "net.py").read_text()
+    rewrites = {p.id.split("-")[1]: p.diff for p in pattern_patches({"net.py": net})}
+    gaming = rewrites["host_sync"].replace(
+        "+        self.busiest = load.max().detach()",
+        "+        self.busiest = load.max().detach()\n+        torch.manual_seed(0)")
+    answer = {"patches": [
+        {"id": "fused-attention", "diff": rewrites["sdpa"], "rationale": "fused SDPA",
+         "expected_log_time_effect": -0.1, "expected_log_mem_effect": -0.1},
+        {"id": "no-sync", "diff": gaming, "rationale": "drop the host sync",
+         "expected_log_time_effect": -0.01, "expected_log_mem_effect": 0.0}]}
+    repaired = {"patches": [
+        {"id": "no-sync", "diff": rewrites["host_sync"], "rationale": "without the reseed",
+         "expected_log_time_effect": -0.01, "expected_log_mem_effect": 0.0}]}
+    server.script(Answer(json.dumps(answer)), Answer(json.dumps(repaired)))
+    run_dir, lines = _plain_run_dir(tmp_path, server), []
+    proposer = LLMProposer(ChatClient(server.base_url, MODEL, max_retries=0),
+                           fallback=ExpertProposer(catalog=False, patterns=False))
+    with RunSession.open(run_dir, resume=False, bank_url=f"sqlite:///{tmp_path}/b.sqlite",
+                         local_mode=True, progress=lines.append) as s:
+        setup = prepare_patches(s, proposer=proposer)
+        s.use_patches(setup.verified, setup.conflicts)
+        names = s.backend.space.names
+    assert [p.id for p in setup.verified] == ["llm-fused-attention", "llm-no-sync-r1"], lines
+    assert {"patch:llm-fused-attention", "patch:llm-no-sync-r1"} <= set(names)  # searched
+    # the first prompt told the model the contract's rules; the repair prompt the reason
+    first, repair = (r["messages"] for r in server.requests)
+    assert "Frozen files" in first[-1]["content"] and "entry.py" in first[-1]["content"]
+    assert "- static: Reseed the generator" in first[-1]["content"]  # rejected examples, with the check that caught them
+    assert "REJECTED" in repair[-1]["content"] and "static" in repair[-1]["content"]
+    rows = {r["id"]: r for r in json.loads((run_dir / PATCHES_FILE).read_text())["candidates"]}
+    assert rows["llm-no-sync"]["rule"] == "static" and not rows["llm-no-sync"]["accepted"]
+    assert any("fed back with the reasons; 1 corrected" in x for x in lines)
+    assert len(server.requests) == 2  # fed back once, never again

@@ -153,7 +153,7 @@ def priors_messages(context: Context) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": body}]
 
 
-def contract_rules(context: Context, max_examples: int = 16) -> str:
+def contract_rules(context: Context, max_examples: int = 40) -> str:
     """What a patch may not do: the scope, the frozen files, and rejected examples with why."""
     from infrarsi.patches import load_catalog
     from infrarsi.proposers.base import scope_of
