@@ -40,6 +40,7 @@ class FakeOpenAIServer:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._answers: list[Answer] = []
+        self._responder: Any = None  # body -> Answer, once the script is used up (see play)
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -91,6 +92,11 @@ class FakeOpenAIServer:
         with self._lock:
             self._answers.extend(answers)
 
+    def play(self, responder: Any) -> None:
+        """Answer every request the script does not with ``responder(body) -> Answer``: a
+        model that reads the prompt (which schema was asked for, what the trials measured)."""
+        self._responder = responder
+
     @property
     def pending(self) -> int:
         return len(self._answers)
@@ -112,6 +118,8 @@ class FakeOpenAIServer:
         problem = self._check(body)
         if problem:
             return self._error(h, 404 if "does not exist" in problem else 400, problem)
+        if answer is None and self._responder is not None:
+            answer = self._responder(body)
         if answer is None:
             return self._error(h, 500, "no scripted answer left")
         if answer.delay_s:

@@ -18,7 +18,7 @@ from infrarsi.proposers._llm_client import (
     LLMTruncated,
     LLMUnavailable,
 )
-from infrarsi.proposers._llm_prompt import PATCHES_SCHEMA, PRIORS_SCHEMA
+from infrarsi.proposers._llm_prompt import PATCHES_SCHEMA, PRIORS_SCHEMA, REVISION_SCHEMA
 from infrarsi.proposers.base import Context, Proposer, ProposerContext, editable_source
 from infrarsi.proposers.expert import RULES, ExpertProposer, bank_patches
 from infrarsi.proposers.llm import LLMProposer
@@ -26,6 +26,7 @@ from infrarsi.proposers.llm import LLMProposer
 __all__ = [
     "PATCHES_SCHEMA",
     "PRIORS_SCHEMA",
+    "REVISION_SCHEMA",
     "RULES",
     "ChatClient",
     "ChatResult",

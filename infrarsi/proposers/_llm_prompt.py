@@ -52,6 +52,17 @@ PRIORS_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+def _revision_schema() -> dict[str, Any]:
+    """PRIORS_SCHEMA whose items must also say why the prior changed (``reason``)."""
+    item = json.loads(json.dumps(PRIORS_SCHEMA["properties"]["priors"]["items"]))
+    item["properties"]["reason"] = {"type": "string"}
+    item["required"] = [*item["required"], "reason"]
+    return {"type": "object", "properties": {"priors": {"type": "array", "items": item}},
+            "required": ["priors"], "additionalProperties": False}
+
+
+REVISION_SCHEMA: dict[str, Any] = _revision_schema()
+
 PATCHES_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -142,14 +153,113 @@ def priors_messages(context: Context) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": body}]
 
 
+def contract_rules(context: Context, max_examples: int = 40) -> str:
+    """What a patch may not do: the scope, the frozen files, and rejected examples with why."""
+    from infrarsi.patches import load_catalog
+    from infrarsi.proposers.base import scope_of
+
+    scope = scope_of(context)
+    contract = context.get("contract")
+    frozen = sorted(getattr(contract, "frozen_files", None) or {}) or list(scope.frozen)
+    lines = [f"Editable paths (globs): {list(scope.editable) or ['everything not frozen']}",
+             f"Frozen files (any change is rejected): {frozen}",
+             "Rejected patches, as examples of what counts as gaming (check that caught it: why):"]
+    try:
+        examples = load_catalog("gaming")[:max_examples]
+    except Exception:  # noqa: BLE001 - the rules above still stand without examples
+        examples = []
+    lines += [f"- {e.expect_rule or 'verifier'}: {e.patch.rationale.strip()}" for e in examples]
+    return "\n".join(lines)
+
+
+def earlier_verdicts(context: Context, limit: int = 20) -> list[dict[str, Any]]:
+    """The bank's verdicts on earlier LLM patches for this code lineage (newest last)."""
+    bank = context.get("bank")
+    if bank is None:
+        return []
+    lineage = context.get("lineage")
+    if lineage is None and context.get("spec") is not None:
+        lineage = context["spec"].name
+    try:
+        entries = bank.patches(lineage)
+    except Exception:  # noqa: BLE001 - the prompt goes without them
+        return []
+    out = []
+    for e in entries:
+        ev = e.evidence if isinstance(e.evidence, dict) else {}
+        if not str(getattr(e, "origin", "") or ev.get("patch", {}).get("origin", "")).startswith("llm"):
+            continue
+        out.append({"id": e.patch_id, "accepted": bool(e.verified), "rule": ev.get("rule", ""),
+                    "reason": str(ev.get("reason", ""))[:300], "files": list(e.files or [])})
+    return out[-limit:]
+
+
+def profile_text(context: Context) -> str:
+    """Where the step's time goes, from doctor's findings (phase fractions), for the patches."""
+    fr = (context.get("findings") or {}).get("phase_fractions") or {}
+    if not fr:
+        return "Where time goes: no doctor profile (run `infrarsi doctor` for one)."
+    parts = ", ".join(f"{k} {v:.0%}" for k, v in sorted(fr.items(), key=lambda kv: -kv[1])
+                      if isinstance(v, (int, float)))
+    return f"Where the step's time goes (doctor's phase profile): {parts}"
+
+
 def patches_messages(context: Context, max_source_chars: int = 40_000) -> list[dict[str, str]]:
     src = editable_source(context, max_source_chars)
     files = "\n\n".join(f"=== {rel} ===\n{text}" for rel, text in src.items())
+    verdicts = earlier_verdicts(context)
     body = "\n\n".join(_header(context) + [
+        profile_text(context),
+        "The contract's rules (every patch is verified against them):\n" + contract_rules(context),
+        *(["Verdicts on your earlier patches for this code (learn from the rejections):\n"
+           + _json(verdicts, 4000)] if verdicts else []),
         f"Editable source files (paths relative to the workspace root):\n{files}",
         "Propose up to 3 source patches that make the training step faster without changing "
         "what it computes. Each patch is a unified diff against the files above exactly as "
         "shown (--- a/<path> / +++ b/<path>, @@ hunks with 3 lines of context). Only edit the "
         "files above; do not touch the harness, timing, data, seeds, precision or threads.",
+    ])
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": body}]
+
+
+def repair_messages(context: Context, rejected: Iterable[tuple[Any, Any]]) -> list[dict[str, str]]:
+    """The patch prompt again, plus the verifier's reason for each rejected patch (once)."""
+    messages = patches_messages(context)
+    items = [{"id": p.id, "rule": v.rule, "reason": str(v.reason)[:600], "diff": p.diff[:3000]}
+             for p, v in rejected]
+    messages.append({"role": "user", "content": (
+        "The verifier REJECTED these patches of yours (rule: the check that failed; reason: "
+        "what it measured):\n" + _json(items, 12000) + "\n\nReturn corrected patches that "
+        "pass every check (same JSON schema), or an empty list if a patch cannot be made "
+        "honest. Do not resend a rejected diff unchanged.")})
+    return messages
+
+
+def _prior_rows(priors: Iterable[Any]) -> list[dict[str, Any]]:
+    return [{"knob": p.knob, "setting": p.setting, "log_time_effect": p.log_time_effect,
+             "log_time_std": p.log_time_std, "log_mem_effect": p.log_mem_effect,
+             "log_mem_std": p.log_mem_std, "source": p.source} for p in priors]
+
+
+def revision_messages(context: Context, current: Iterable[Any]) -> list[dict[str, str]]:
+    """Show the model its priors next to what the live trials measured; ask for revisions."""
+    judged = [r.to_dict() if hasattr(r, "to_dict") else dict(r)
+              for r in context.get("revisions") or ()]
+    space = context["space"]
+    body = "\n\n".join([
+        f"Workload: family={family(context)}; device={device_kind(context)}",
+        "Knob space (effects are relative to each knob's default):\n"
+        + _json(knob_table(space), 4000),
+        "The priors the search uses now (natural-log effects vs the default):\n"
+        + _json(_prior_rows(current), 6000),
+        "What the live trials measured, per prior (prior_mean/std: the prior; posterior_mean/"
+        "std: the effect fitted on the trials; evidence_n: trials run at that setting; flagged: "
+        "the measurement lies outside the prior's 95% interval):\n" + _json(judged, 6000),
+        "Trials so far (knobs changed from the default, outcome):\n"
+        + _json(_trial_rows(context.get("trials") or (), space.defaults()), 4000),
+        "Revise the priors the measurements contradict (and any others the evidence teaches "
+        "you about). Return ONLY the knob settings whose prior you change, each with the full "
+        "revised effects and stds and a one-sentence reason citing the evidence. Use only knob "
+        "names and values listed above; |effect| <= 3; std 0.05-2.",
     ])
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": body}]

@@ -85,6 +85,11 @@ class Proposer(abc.ABC):
         """Candidate source patches (unverified). Default: none."""
         return []
 
+    def revise(self, context: Context, current: list[KnobPrior]) -> list[tuple[KnobPrior, str]]:
+        """Revised priors with a reason each, given ``context["revisions"]`` (the current
+        priors judged by the live trials). Default: none (rules do not change their minds)."""
+        return []
+
 
 def device_kind(context: Context) -> str:
     """"cuda" or "cpu" from the spec, else from the hardware fingerprint's device name."""

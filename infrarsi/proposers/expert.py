@@ -8,7 +8,8 @@ Where doctor measured the fact a rule of thumb guesses at, the measurement decid
 (:data:`MEASURED_RULES`): on CPU, bf16 autocast from the measured bf16/fp32 matmul speeds.
 
 Patches: the catalog's honest patches and the bank's verified patches for the same code
-lineage, each kept only if it still applies cleanly to the workspace. The caller verifies every
+lineage, each kept only if it still applies cleanly to the workspace; then the pattern rules
+(:mod:`._patterns`: found by reading the AST of any code) for the files those do not cover. The caller verifies every
 one again before it becomes a knob (a bank entry is evidence, not a pass).
 """
 
@@ -22,7 +23,16 @@ from typing import Any
 
 from infrarsi.models.priors import KnobPrior
 from infrarsi.patches import DiffError, Patch, apply_patch, copy_workspace, honest_patches
-from infrarsi.proposers.base import Context, Proposer, device_kind, family, scope_of, workspace_of
+from infrarsi.proposers._patterns import pattern_patches
+from infrarsi.proposers.base import (
+    Context,
+    Proposer,
+    device_kind,
+    editable_source,
+    family,
+    scope_of,
+    workspace_of,
+)
 from infrarsi.space import is_patch_knob, patch_knob
 
 Effect = tuple[float | None, float, float | None, float]  # time, time std, mem, mem std
@@ -207,8 +217,9 @@ class ExpertProposer(Proposer):
 
     name = "expert"
 
-    def __init__(self, *, catalog: bool = True) -> None:
+    def __init__(self, *, catalog: bool = True, patterns: bool = True) -> None:
         self.catalog = catalog
+        self.patterns = patterns
 
     def priors(self, context: Context) -> list[KnobPrior]:
         space, dev = context["space"], device_kind(context)
@@ -244,16 +255,20 @@ class ExpertProposer(Proposer):
                           source=f"expert:patch:{p.origin}")]
 
     def patches(self, context: Context) -> list[Patch]:
-        """Catalog and bank patches that apply cleanly to the workspace (unverified)."""
+        """Catalog and bank patches that apply cleanly to the workspace, then the pattern
+        rules' rewrites of the files none of those was written for (unverified)."""
         ws = workspace_of(context)
         if ws is None:
             return []
-        candidates = list(honest_patches(family(context))) if self.catalog else []
+        fam = family(context)
+        catalog = list(honest_patches()) if self.catalog else []  # every family: see below
+        candidates = [p for p in catalog if not p.families or fam in p.families]
         candidates += bank_patches(context)
-        seen, out = set(), []
+        others = [p for p in catalog if p not in candidates]
+        seen, out, covered = set(), [], set()
         scope = scope_of(context)
         with tempfile.TemporaryDirectory(prefix="infrarsi-expert-") as tmp:
-            for i, p in enumerate(candidates):
+            for i, p in enumerate(candidates + others):
                 if p.digest in seen:
                     continue
                 seen.add(p.digest)
@@ -261,8 +276,19 @@ class ExpertProposer(Proposer):
                     apply_patch(p, copy_workspace(ws, Path(tmp) / f"w{i}"), scope)
                 except DiffError:
                     continue  # written for another version of the code
-                out.append(p)
-        return out
+                covered |= set(p.files())
+                if i < len(candidates):
+                    out.append(p)
+        return out + self._pattern_patches(context, covered)
+
+    def _pattern_patches(self, context: Context, covered: set[str]) -> list[Patch]:
+        """The AST pattern rules' rewrites (:mod:`._patterns`) of the editable files that no
+        applicable catalog or bank patch (of any family) was written for."""
+        if not self.patterns:
+            return []
+        files = {rel: text for rel, text in editable_source(context, 400_000).items()
+                 if rel not in covered}
+        return pattern_patches(files)
 
 
 def bank_patches(context: Context) -> list[Patch]:

@@ -20,8 +20,11 @@ from infrarsi.proposers._llm_client import ChatClient, LLMError
 from infrarsi.proposers._llm_prompt import (
     PATCHES_SCHEMA,
     PRIORS_SCHEMA,
+    REVISION_SCHEMA,
     patches_messages,
     priors_messages,
+    repair_messages,
+    revision_messages,
 )
 from infrarsi.proposers._llm_validate import (
     AnswerError,
@@ -47,6 +50,8 @@ class LLMProposer(Proposer):
         self.priors_max_tokens = priors_max_tokens
         self.patches_max_tokens = patches_max_tokens
         self.stats: Counter[str] = Counter()
+        # the last priors() call's answers per source, for the run's side-by-side log
+        self.last_sources: dict[str, list[KnobPrior]] = {}
 
     @classmethod
     def from_spec(cls, spec: Any, **kw: Any) -> LLMProposer:
@@ -65,12 +70,28 @@ class LLMProposer(Proposer):
         data = self._ask(context, priors_messages(context), PRIORS_SCHEMA, "priors",
                          self.priors_max_tokens)
         mine = validate_priors(data, context["space"], self.stats, self.source) if data else []
+        self.last_sources = {self.fallback.name: list(expert), "llm": list(mine)}
         if not mine:
             self._fall_back("priors")
             return expert
         self.stats["priors_accepted"] += len(mine)
         taken = {(p.knob, json.dumps(p.setting, default=str)) for p in mine}
         return mine + [p for p in expert if (p.knob, json.dumps(p.setting, default=str)) not in taken]
+
+    # ---- revision from live runs -------------------------------------------------------
+    def revise(self, context: Context, current: list[KnobPrior]) -> list[tuple[KnobPrior, str]]:
+        """Revised priors, each with the model's reason, from ``context["revisions"]`` (the
+        priors judged by the live trials); [] when the model changes nothing or fails (logged)."""
+        data = self._ask(context, revision_messages(context, current), REVISION_SCHEMA,
+                         "revision", self.priors_max_tokens)
+        out = []
+        for item in (data or {}).get("priors", []):
+            got = validate_priors({"priors": [item]}, context["space"], self.stats,
+                                  f"{self.source}:revised")
+            if got:
+                out.append((got[0], str(item.get("reason", ""))[:500]))
+        self.stats["revisions_accepted"] += len(out)
+        return out
 
     # ---- patches ----------------------------------------------------------------------
     def patches(self, context: Context) -> list[Patch]:
@@ -85,6 +106,16 @@ class LLMProposer(Proposer):
         self.stats["patches_accepted"] += len(mine)
         digests = {p.digest for p in mine}
         return mine + [p for p in expert if p.digest not in digests]
+
+    def repair(self, context: Context, rejected: list[tuple[Patch, Any]]) -> list[Patch]:
+        """Corrected patches after the verifier rejected ``rejected`` ((patch, verdict) pairs,
+        the reason fed back once); [] when the model withdraws them or fails (logged)."""
+        data = self._ask(context, repair_messages(context, rejected), PATCHES_SCHEMA, "repair",
+                         self.patches_max_tokens)
+        mine = validate_patches(data, workspace_of(context), scope_of(context), self.stats,
+                                f"{self.source}:repair") if data else []
+        self.stats["repairs_accepted"] += len(mine)
+        return mine
 
     # ---- one exchange -----------------------------------------------------------------
     def _ask(self, context: Context, messages: list[dict[str, str]], schema: dict[str, Any],

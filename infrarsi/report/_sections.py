@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from infrarsi.report import _doc as D
+from infrarsi.report import _priors
 from infrarsi.report._audit import fingerprints, recheck_frozen, trial_command
 from infrarsi.report._data import ReportData, Side
 from infrarsi.space import is_patch_knob
@@ -276,7 +277,7 @@ def build(data: ReportData, plots: dict[str, tuple[str, bytes | None, str]]) -> 
     blocks += [D.img(name, title, png, why) for name, (title, png, why) in plots.items()]
     blocks += verification(data)
     blocks += ledger(data)
-    blocks += [D.h("Models and baseline")] + models(data) + doctor(data)
+    blocks += [D.h("Models and baseline")] + _priors.priors(data) + models(data) + doctor(data)
     blocks += audit(data)
     if data.notes:
         blocks += [D.h("Notes")] + [D.p(n) for n in data.notes]

@@ -91,28 +91,14 @@ def prepare_patches(session: Any, *, enabled: bool = True, resume: bool = False,
                  "each against the contract")
     ws_digest = tree_digest(workspace)
     known = _bank_verdicts(session, lineage)
-    rows, verified = [], []
+    rows, verified, rejected = [], [], []
     for p in candidates:
-        key = verify_key(p, ws_digest, contract)
-        reused = known.get(key)
-        if reused is not None:
-            verdict, source = reused
-        else:
-            verdict, source = _verify(p, workspace, contract), None
-        evidence = {**verdict.evidence, "accepted": verdict.accepted, "rule": verdict.rule,
-                    "reason": verdict.reason, "patch_digest": p.digest,
-                    "workspace_digest": ws_digest, "verify_key": key, "reused_from": source,
-                    "patch": _meta(p)}
-        _record(session, p, verdict, evidence)
-        rows.append({"id": p.id, "origin": p.origin, "digest": p.digest,
-                     "accepted": verdict.accepted, "rule": verdict.rule, "reason": verdict.reason,
-                     "files": list(verdict.evidence.get("files") or p.files()),
-                     "reused_from": source,
-                     "verify_seconds": verdict.evidence.get("verify_seconds"),
-                     "rationale": p.rationale})
-        progress(_line(p, verdict, source))
-        if verdict.accepted:
-            verified.append(p)
+        verdict = _check(session, p, workspace, ws_digest, known, rows)
+        (verified if verdict.accepted else rejected).append((p, verdict))
+    for p in _repaired(proposer, context, rejected, progress, {q.digest for q in candidates}):
+        if _check(session, p, workspace, ws_digest, known, rows).accepted:
+            verified.append((p, None))
+    verified = [p for p, _ in verified]
     conflicts = _conflicts(verified, workspace, contract, progress)
     if verified:
         progress(f"patches: {len(verified)} verified, searched as knobs "
@@ -126,6 +112,49 @@ def prepare_patches(session: Any, *, enabled: bool = True, resume: bool = False,
 
 
 # ---- steps --------------------------------------------------------------------------------
+def _check(session: Any, p: Patch, workspace: Path, ws_digest: str,
+           known: dict[str, tuple[PatchVerdict, str]], rows: list[dict[str, Any]]) -> PatchVerdict:
+    """Verify ``p`` (or reuse the bank's verdict on the same inputs); record and report it."""
+    key = verify_key(p, ws_digest, session.contract)
+    reused = known.get(key)
+    if reused is not None:
+        verdict, source = reused
+    else:
+        verdict, source = _verify(p, workspace, session.contract), None
+    evidence = {**verdict.evidence, "accepted": verdict.accepted, "rule": verdict.rule,
+                "reason": verdict.reason, "patch_digest": p.digest,
+                "workspace_digest": ws_digest, "verify_key": key, "reused_from": source,
+                "patch": _meta(p)}
+    _record(session, p, verdict, evidence)
+    rows.append({"id": p.id, "origin": p.origin, "digest": p.digest,
+                 "accepted": verdict.accepted, "rule": verdict.rule, "reason": verdict.reason,
+                 "files": list(verdict.evidence.get("files") or p.files()),
+                 "reused_from": source,
+                 "verify_seconds": verdict.evidence.get("verify_seconds"),
+                 "rationale": p.rationale})
+    session.progress(_line(p, verdict, source))
+    return verdict
+
+
+def _repaired(proposer: Any, context: Any, rejected: list, progress, seen: set[str]) -> list[Patch]:
+    """One round of feedback: the proposer's own rejected patches go back with the verifier's
+    reasons, and what it returns is verified like any candidate (never fed back again)."""
+    mine = [(p, v) for p, v in rejected if p.origin.startswith("llm")]
+    if not mine or not hasattr(proposer, "repair"):
+        return []
+    try:
+        fixed = [p for p in proposer.repair(context, mine) if p.digest not in seen]
+    except Exception as e:  # noqa: BLE001 - the rejections stand; the run goes on
+        progress(f"warning: the {getattr(proposer, 'name', '')} proposer's repair failed ({e})")
+        return []
+    taken = {p.id for p, _ in rejected}
+    fixed = _dedupe([p if p.id not in taken else Patch.from_dict({**p.to_dict(), "id": f"{p.id[:58]}-r1"})
+                     for p in fixed])
+    progress(f"patches: {len(mine)} rejected LLM patch(es) fed back with the reasons; "
+             f"{len(fixed)} corrected candidate(s) returned")
+    return fixed
+
+
 def _propose(proposer: Any, context: Any, progress) -> list[Patch]:
     from infrarsi.proposers import ExpertProposer
 

@@ -79,6 +79,7 @@ class RunSession:
         self.doctor_contended = False  # doctor's repeats ran on a busy machine (its findings)
         self.sentinels: list[dict[str, Any]] = []  # see sentinel_measured
         self._sentinel_series: list[list[float]] = []
+        self.proposer: Any = None  # priors, patches and revisions (set by the run stage)
         self._beats: dict[str, Any] = {}
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -233,19 +234,36 @@ class RunSession:
             self.backend = PatchedBackend.ray_train(self.backend, self.patches,
                                                     conflicts=self.patch_conflicts)
 
+    def proposer_context(self, **fields: Any):
+        """The proposer context of this run (space, shape, hardware, doctor's findings...)."""
+        from infrarsi.proposers import ProposerContext
+
+        return ProposerContext(
+            space=self.backend.space, workload=self.backend.workload,
+            hardware=self.backend.hardware, spec=self.spec, contract=self.contract,
+            patches=tuple(self.patches), findings=self.findings or {}, bank=self.bank,
+            run_id=self.run_id or None, **fields)
+
     def priors(self) -> list:
+        """The proposer's priors (``self.proposer``: the LLM one when the spec has an ``llm:``
+        section, else the expert), logged side by side per source in ``priors.json``."""
         try:
-            from infrarsi.proposers import ExpertProposer, ProposerContext
+            from infrarsi.proposers import ExpertProposer
+            from infrarsi.search._revise import log_priors
         except ImportError:
             return []
+        proposer = self.proposer or ExpertProposer()
         try:
-            return list(ExpertProposer().priors(ProposerContext(
-                space=self.backend.space, workload=self.backend.workload,
-                hardware=self.backend.hardware, spec=self.spec, patches=tuple(self.patches),
-                findings=self.findings or {})))
+            priors = list(proposer.priors(self.proposer_context()))
         except Exception as e:  # noqa: BLE001 - priors are advice; a broken one must not stop a run
-            self.progress(f"warning: the expert proposer failed ({e}); searching without priors")
+            self.progress(f"warning: the {proposer.name} proposer failed ({e}); searching "
+                          "without priors")
             return []
+        try:
+            log_priors(self.run_dir, proposer, priors, self.progress)
+        except OSError as e:
+            self.progress(f"warning: could not write the priors log ({e})")
+        return priors
 
     def open_trial(self, trial_id: str, config: dict, origin: str) -> None:
         from infrarsi.bank import TrialHeartbeat

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -155,6 +155,9 @@ class SearchEngine:
         self.seeds_planned = False
         self.pairings: list[dict[str, Any]] = []
         self.revisions: list[dict[str, Any]] = []
+        # rounds of prior revision from live runs (see set_priors): what changed and why
+        self.prior_rounds: list[dict[str, Any]] = []
+        self.prior_judged: list[dict[str, Any]] = []  # the priors vs the trials (judge_priors)
         self.stop_reason: str | None = None
         self.n_suggested = 0
         self.n_seeds_issued = 0
@@ -350,6 +353,33 @@ class SearchEngine:
             self.pairings.append(pairing)
         return Suggestion(dict(self.pool[i]), choice.origin, acq.predicted(fit, i), pairing)
 
+    # ---- priors revised from live runs -----------------------------------------------
+    def judge_priors(self) -> list[dict[str, Any]]:
+        """Each prior against what the trials alone measured (PriorRevision dicts).
+
+        Why a fit without the priors: the search's own posterior leans on them, and a
+        confident wrong prior holds it near itself on a few trials; it cannot vouch for itself.
+        """
+        if not self.priors:
+            return []
+        plain = Fitter(self.space, self.encoder, self.hardware, self.experience, [],
+                       self.objective, self.seed, self.fitter.cache)
+        fit = plain.fit(self.baseline_records + self.records, self._X_pool)
+        self.prior_judged = [r.to_dict() for r in revise_priors(
+            self.priors, self.encoder, fit.time_model, fit.memory_model)]
+        return self.prior_judged
+
+    def set_priors(self, priors: Sequence[KnobPrior], round_: dict[str, Any] | None = None) -> None:
+        """Search on with ``priors`` (a proposer's revision); ``round_`` is logged in the state.
+
+        The next fit starts from them: the own-trial models' prior and the seeds not yet run.
+        """
+        self.priors = list(priors)
+        self.fitter.priors = self.priors
+        self._fit_memo = None
+        if round_ is not None:
+            self.prior_rounds.append({**round_, "priors": [asdict(p) for p in self.priors]})
+
     def oom_risk_cap(self) -> float:
         """The largest P(fail) a model-driven trial may carry now (see acq.oom_risk_cap)."""
         return acq.oom_risk_cap(self.max_oom_risk, self.final_oom_risk,
@@ -365,6 +395,8 @@ class SearchEngine:
             "seeds_planned": self.seeds_planned,
             "pairings": self.pairings,
             "revisions": self.revisions,
+            "prior_rounds": self.prior_rounds,
+            "prior_judged": self.prior_judged,
             "stop_reason": self.stop_reason,
             "n_suggested": self.n_suggested,
             "n_seeds_issued": self.n_seeds_issued,
@@ -379,6 +411,10 @@ class SearchEngine:
         self.seeds_planned = bool(state.get("seeds_planned", self.seed_plan))
         self.pairings = list(state.get("pairings", []))
         self.revisions = list(state.get("revisions", []))
+        self.prior_rounds = list(state.get("prior_rounds", []))
+        self.prior_judged = list(state.get("prior_judged", []))
+        if self.prior_rounds:  # the last revision's priors are the ones searched with
+            self.set_priors([KnobPrior(**d) for d in self.prior_rounds[-1]["priors"]])
         self.stop_reason = state.get("stop_reason")
         self.n_suggested = int(state.get("n_suggested", 0))
         self.n_seeds_issued = int(state.get("n_seeds_issued", 0))

@@ -28,8 +28,9 @@ from infrarsi.contract import Contract
 from infrarsi.errors import ConfigError, FrozenFileChangedError
 from infrarsi.live import live_path
 from infrarsi.rundir import OUTCOME_FILE, RUN_FILE, STATE_FILE, TUNE_DIR, read_json, write_json
-from infrarsi.search._patch_stage import prepare_patches, promoted_patches
+from infrarsi.search._patch_stage import make_proposer, prepare_patches, promoted_patches
 from infrarsi.search._progress import Progress
+from infrarsi.search._revise import PriorReviser
 from infrarsi.search._session import RunSession
 from infrarsi.search._verify_resume import ResumableVerification
 from infrarsi.search.engine import SearchEngine
@@ -165,7 +166,8 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
         return done
     with RunSession.open(run_dir, resume=resume, bank_url=bank_url, local_mode=local_mode,
                          progress=progress, fresh_processes=fresh_processes) as session:
-        setup = prepare_patches(session, enabled=patches, resume=resume, proposer=proposer)
+        session.proposer = proposer or make_proposer(session.spec, progress)
+        setup = prepare_patches(session, enabled=patches, resume=resume, proposer=session.proposer)
         session.use_patches(setup.verified, setup.conflicts)
         engine = _engine(session, budget, use_experience)
         state_path = run_dir / STATE_FILE
@@ -180,6 +182,7 @@ def run_search(run_dir: Path, *, budget: int, resume: bool = False, verify_top: 
         elif session.retry:
             session.progress(f"resume: the budget is spent; {len(session.retry)} interrupted "
                              "trial(s) not run again")
+        _judge_priors(session, engine)
         best = engine.best()
         if engine.stop_reason:
             progress(f"search stopped: {engine.stop_reason}")
@@ -220,6 +223,16 @@ def _engine(session: RunSession, budget: int, use_experience: bool) -> SearchEng
     return engine
 
 
+def _judge_priors(session: RunSession, engine: SearchEngine) -> None:
+    """The priors against every trial of the search, kept for the report's priors section."""
+    try:
+        if engine.priors and engine.observations:
+            engine.judge_priors()
+            session.save_state(engine.state_dict())
+    except Exception as e:  # noqa: BLE001 - the report then shows the priors without a verdict
+        session.progress(f"warning: could not judge the priors against the trials ({e})")
+
+
 def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
           table: Progress, max_concurrent: int) -> None:
     import ray
@@ -235,6 +248,7 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         if origin == SENTINEL_ORIGIN:
             session.sentinel_measured(record, table)
         table.row(len(engine.observations), record, origin, live)
+        reviser.after_trial(engine)  # before the next suggestion, which the revision informs
         session.save_state(engine.state_dict())
         # Every trial re-hashes the frozen files and fails when one changed; stop at the first
         # such trial instead of spending the rest of the budget on failures.
@@ -243,6 +257,7 @@ def _tune(session: RunSession, engine: SearchEngine, n: int, state_path: Path,
         except FrozenFileChangedError as e:
             searcher.halt(str(e))
 
+    reviser = PriorReviser(session.proposer, session.proposer_context, session.progress)
     # A doctor baseline is re-measured as a sentinel every SENTINEL_EVERY trials (twice first
     # when doctor measured it on a busy machine); without one the seed baseline is measured.
     sentinel = session.backend.baseline_config() if session.baseline_step_s else None
