@@ -341,3 +341,63 @@ def test_prepare_outside_a_trial_applies_the_promoted_settings_file(tmp_path):
     assert opt2 is opt and opt.param_groups[0]["foreach"] is False
     plain = Net()
     assert infrarsi.prepare(plain, None, None, settings=tmp_path / "absent.json")[0] is plain
+
+
+# ---- errors in an own loop: each names the problem and the fix (in process, no Ray) --------
+LOOP_SCRIPT = """
+import torch
+import infrarsi
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = ((x, x) for x in (torch.randint(16, (ROWS, 5)) for _ in range(10)))
+if PREPARE:
+    model, optimizer, loader = infrarsi.prepare(model, optimizer, loader)
+for x, y in loader:
+    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(),
+                                             reduction=REDUCTION)
+    loss.mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    infrarsi.step(LOSS, tokens=y.numel())
+"""
+
+
+def _own_loop(tmp_path: Path, *, rows: int = 4, prepare: bool = True,
+              reduction: str = "mean", loss: str = "loss") -> None:
+    """Run a small own-loop script as a trial runs it (``run_script`` with a session), in
+    this process: global batch 4, micro-batch 2, three optimizer steps."""
+    import torch
+
+    from infrarsi.harness.own_loop import Session, run_script
+    from infrarsi.harness.workload import DataContext
+
+    script = (LOOP_SCRIPT.replace("ROWS", str(rows)).replace("PREPARE", str(prepare))
+              .replace("REDUCTION", repr(reduction)).replace("LOSS", loss))
+    (tmp_path / "train.py").write_text(script)
+    config = {"activation_checkpointing": "none", "compile": "off", "data_parallel": "ddp",
+              "precision": "fp32", "optimizer_impl": "foreach", "micro_batch_size": 2}
+    session = Session(config=config, device=torch.device("cpu"),
+                      ctx=DataContext(0, 1, 2, 4, 0), accum=2, total_steps=3,
+                      on_step=lambda i: None)
+    run_script(tmp_path, "train.py", [], session)
+
+
+def test_the_small_own_loop_runs(tmp_path):
+    _own_loop(tmp_path)  # the baseline of the cases below: no error
+
+
+@pytest.mark.parametrize("kw, fix", [
+    ({"prepare": False}, "never called infrarsi.prepare.*call it once before your training loop"),
+    ({"rows": 3}, "yielded a batch of 3 rows, but the task locks workload.global_batch_size 4: "
+                  "give prepare\\(\\) a loader of whole global batches.*workload.script_args"),
+    ({"reduction": "none"}, re.escape("got a tensor of shape [10]; loss must be the scalar loss "
+                                      "tensor of the micro-batch: reduce it to the micro-batch's "
+                                      "mean loss with .mean()")),
+    ({"loss": "loss.item()"}, re.escape("got a float; loss must be the scalar loss tensor of the "
+                                        "micro-batch: pass the tensor `loss`, not `loss.item()`")),
+])
+def test_own_loop_mistakes_are_named_with_the_fix(tmp_path, kw, fix):
+    with pytest.raises(WorkloadError, match=fix):
+        _own_loop(tmp_path, **kw)
