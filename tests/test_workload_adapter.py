@@ -401,3 +401,25 @@ def test_the_small_own_loop_runs(tmp_path):
 def test_own_loop_mistakes_are_named_with_the_fix(tmp_path, kw, fix):
     with pytest.raises(WorkloadError, match=fix):
         _own_loop(tmp_path, **kw)
+
+
+@pytest.mark.parametrize("status, kind, fix, not_fix", [
+    ("error", "crash", "Fix what the error above names, or change search.baseline",
+     "smaller micro_batch_size"),
+    ("oom", None, "smaller micro_batch_size, activation_checkpointing: full", "Fix what"),
+])
+def test_a_baseline_that_does_not_run_gets_the_fix_that_fits(status, kind, fix, not_fix):
+    """init's refusal: memory savers only for an out-of-memory baseline, never for a crash in
+    the user's code (the wrong advice a new user was given)."""
+    from infrarsi.backends.ray_train.backend import hardware_fingerprint, workload_signature
+    from infrarsi.init_stage import baseline_failed
+    from infrarsi.trial import TrialRecord
+
+    spec = load_task(NANOGPT / "infrarsi.yaml")
+    record = TrialRecord.from_dict({
+        "trial_id": "init-baseline", "config": {}, "status": status, "error_kind": kind,
+        "backend": "ray_train", "workload": workload_signature(spec).to_dict(),
+        "hardware": hardware_fingerprint(spec).to_dict(),
+        "error_message": "ImportError: No module named 'tiktoken'"})
+    message = baseline_failed(record, {"micro_batch_size": 1}, spec)
+    assert fix in message and not_fix not in message and "re-run `infrarsi init`" in message
