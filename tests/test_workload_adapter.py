@@ -135,7 +135,8 @@ def test_the_good_adapter_passes(tmp_path):
      re.escape("loss(model) takes the wrong arguments: it must be `def loss(model, batch)")),
     ({"build_model": "def build_model():\n    return 3\n"}, "return your model instance"),
     ({"loss": "def loss(model, batch):\n    return F.cross_entropy(model(batch), batch[1])\n"},
-     "does not return what your loss expects"),
+     "does not return what your loss expects.*call the model in loss\\(\\) the way your own "
+     "training loop does"),
     ({"loss": "def loss(model, batch):\n    x, y = batch\n    return F.cross_entropy("
               "model(x).flatten(0, 1), y.flatten(), reduction='none')\n"},
      "must return a scalar tensor .*\\.mean\\(\\)"),
@@ -150,7 +151,10 @@ def test_the_good_adapter_passes(tmp_path):
                  "        x = torch.randint(16, (ctx.global_batch_size, 5))\n"
                  "        yield from ctx.shard((x, x))\n"},
      "different data each time.*ctx.generator\\(step\\)"),
-    ({"tokens": "def tokens(batch):\n    return 0\n"}, "must return a positive int"),
+    ({"tokens": "def tokens(batch):\n    return 0\n"},
+     "must return a positive int .*e.g. `return batch\\[1\\].numel\\(\\)`"),
+    ({"tokens": GOOD["tokens"] + "def blocks(model):\n    return model[0]\n"},
+     "blocks\\(model\\) returned a Embedding; return the nn.ModuleList .*e.g. `return model.h`"),
 ])
 def test_adapter_mistakes_are_named_with_the_fix_before_any_trial(tmp_path, replace, fix):
     spec = _adapter(tmp_path, **replace)
@@ -162,7 +166,16 @@ def test_a_non_scalar_loss_in_a_trial_is_named_with_the_fix(tmp_path):
     spec = _adapter(tmp_path, loss="def loss(model, batch):\n    x, y = batch\n"
                     "    return F.cross_entropy(model(x).flatten(0, 1), y.flatten(), "
                     "reduction='none')\n")
-    with pytest.raises(WorkloadError, match="must return a scalar tensor"):
+    with pytest.raises(WorkloadError, match="must return a scalar tensor .*reduce it with "
+                       "\\.mean\\(\\)"):
+        _run(spec)
+
+
+def test_an_optimizer_hook_that_returns_no_optimizer_is_named_with_the_fix(tmp_path):
+    spec = _adapter(tmp_path, tokens=GOOD["tokens"] + "def optimizer(model, impl):\n"
+                    "    return model.parameters()\n")
+    with pytest.raises(WorkloadError, match="optimizer\\(model, impl\\) returned a generator; "
+                       "return a torch.optim.Optimizer, e.g. `torch.optim.AdamW"):
         _run(spec)
 
 
