@@ -328,6 +328,41 @@ def test_init_from_script_scaffolds_an_adapter_and_yaml_with_todos(tmp_path):
     assert main(["init", "--from-script", str(script)]) == 2  # exists: refused, not overwritten
 
 
+def test_init_from_script_writes_an_optimizer_hook_that_runs(tmp_path):
+    """The scaffolded optimizer imports the script's constants it reads, takes the parameters
+    from ``model`` whatever the script named its model, and marks what only the script's run
+    knows (``args``) as a TODO."""
+    import torch
+
+    from infrarsi.scaffold import scaffold
+
+    job = tmp_path / "job"
+    shutil.copytree(NANOGPT, job, ignore=shutil.ignore_patterns("__pycache__", "infrarsi*"))
+    adapter, _ = scaffold(job / "train.py")
+    text = adapter.read_text()
+    assert "from .train import LEARNING_RATE, get_batch" in text
+    assert "torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, **impl)" in text
+    (job / "__init__.py").write_text("")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import importlib
+
+        mod = importlib.import_module("job.infrarsi_adapter")
+        opt = mod.optimizer(torch.nn.Linear(2, 2), {"foreach": False})
+        assert opt.defaults["lr"] == 1e-3 and opt.defaults["foreach"] is False
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [n for n in sys.modules if n == "job" or n.startswith("job.")]:
+            del sys.modules[name]
+    loop = tmp_path / "loop"
+    loop.mkdir()
+    (loop / "train.py").write_text("from torch import optim\n"
+                                   "opt = optim.SGD(net.parameters(), lr=args.lr)\n")
+    text = scaffold(loop / "train.py")[0].read_text()
+    assert ("return torch.optim.SGD(model.parameters(), lr=args.lr, **impl)  # TODO: args: "
+            "your script's values here") in text
+
+
 def test_prepare_outside_a_trial_applies_the_promoted_settings_file(tmp_path):
     import torch
 
