@@ -42,11 +42,11 @@ for ex in "${EXAMPLES[@]}"; do
   ok=1
   stage init "$BIN" init infrarsi.yaml && stage doctor "$BIN" doctor \
     && stage run "$BIN" run --budget "$BUDGET" $RUN_FLAGS && stage report "$BIN" report || ok=0
-  if [ $ok = 1 ] && grep -q "promoted:" "$log" && ! grep -q "promoted: none" "$log"; then
+  if [ $ok = 1 ] && grep -q "^promoted: [0-9]" "$log"; then
     stage apply "$BIN" apply || true
   fi
   echo "$ex: total $(( $(date +%s) - start )) s"
-  grep -E "verdict|promot|speedup|baseline:|work per step|Error|error:" "$log" | tail -n 25 \
+  grep -E "verdict|promot|pair [0-9]|trials:|baseline:|work per step|parameters|Error|error:" "$log" | tail -n 30 \
     | sed "s/^/  $ex | /" || true
   [ $ok = 1 ] || { echo "$ex: FAILED; full log:"; cat "$log"; }
 done
