@@ -50,6 +50,20 @@ def init(task: str | Path | TaskSpec, *, run_dir: str | Path | None = None,
     return InitResult(contract, path, record)
 
 
+def baseline_failed(record: TrialRecord, baseline: dict[str, Any], spec: TaskSpec) -> str:
+    """Why the baseline did not run, with the fix that fits how it ended: memory savers only
+    for an out-of-memory baseline (for a crash they would be the wrong advice)."""
+    where = f"search.baseline of {spec.name}'s task spec ({spec.base_dir or 'the YAML'})"
+    if record.status.value == "oom":
+        fix = (f"Change {where} to use less memory (a smaller micro_batch_size, "
+               "activation_checkpointing: full) or raise hardware.memory_capacity_gib")
+    else:
+        fix = f"Fix what the error above names, or change {where}"
+    kind = f", {record.error_kind.value}" if record.error_kind else ""
+    return (f"the baseline config {baseline} did not run ({record.status.value}{kind}): "
+            f"{record.error_message}. {fix}, then re-run `infrarsi init`.")
+
+
 def init_task(task: str | Path | TaskSpec, *, run_dir: Path | None = None,
               local_mode: bool = False) -> tuple[Contract, Path, TrialRecord]:
     """Lock the contract of ``task``: returns (contract, path of contract.json, baseline record).
@@ -77,12 +91,7 @@ def init_task(task: str | Path | TaskSpec, *, run_dir: Path | None = None,
         raise WorkloadError(f"the baseline trial stopped on your workload code: "
                             f"{record.error_message}")
     if not record.ok:
-        raise ContractError(
-            f"the baseline config {baseline} did not run ({record.status.value}"
-            f"{', ' + record.error_kind.value if record.error_kind else ''}): "
-            f"{record.error_message}. Change search.baseline in {spec.base_dir or 'the task spec'} "
-            "(e.g. a smaller micro_batch_size or activation_checkpointing) and re-run init."
-        )
+        raise ContractError(baseline_failed(record, baseline, spec))
     # the shape: measured from the adapter's model, else from the YAML's; an own loop's
     # (workload.script) is measured by the baseline trial itself (record.extra)
     if measured is None and spec.workload.shape is not None:

@@ -309,3 +309,33 @@ def test_one_stalled_step_does_not_set_the_noise_floor():
     # on plain normal jitter the robust estimate is the SD (consistent), not a fraction of it
     many = [[math.exp(rng.gauss(0, 0.05)) for _ in range(40)] for _ in range(5)]
     assert noise_model(many)["within_cv"] == pytest.approx(0.05, rel=0.2)
+
+
+@pytest.mark.parametrize("example, seeding", [
+    ("nanogpt", r"ctx\.generator\(step\)"),
+    ("nanogpt_loop", r"torch\.manual_seed\(0\).*random\.seed\(0\).*"
+                     r"generator=torch\.Generator\(\)\.manual_seed\(0\)"),
+])
+def test_nondeterministic_user_data_is_told_how_to_seed_it(tmp_path, example, seeding):
+    """A user's job (adapter or own loop) whose baseline does not reproduce its loss: the
+    refusal says how to seed their data, the usual cause, for the way in they use."""
+    import shutil
+
+    from infrarsi.contract import load_task, lock
+
+    ws = tmp_path / example
+    shutil.copytree(Path(__file__).resolve().parents[1] / "examples" / example, ws,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    spec = load_task(ws / "infrarsi.yaml")
+    trace = [4.2] * spec.loss_reference.steps
+    contract = lock(spec, baseline_config={"num_workers": 1}, loss_trace=trace,
+                    model_stats={"shape": {"num_layers": 2, "seq_len": 64},
+                                 "tokens_per_step": 512, "num_params": 1000})
+    run_dir = tmp_path / "run"
+    contract.save(run_dir)
+    good = _ok_record_dict("x", config={"num_workers": 1, "precision": "fp32"}, loss_trace=trace)
+    drift = {**good, "status": "rejected", "loss_trace": [4.2, 4.5] + trace[2:],
+             "error_message": "loss drifted at step 1: 4.500000 vs reference 4.200000"}
+    with pytest.raises(BaselineUnusableError, match="non-deterministic.*" + seeding):
+        run_doctor(run_dir, repeats=3, bank_url=f"sqlite:///{tmp_path / 'b.sqlite'}",
+                   backend=_FakeBackend(spec, [good, drift]), out=lambda s: None)

@@ -47,3 +47,23 @@ def test_example_runs_init_doctor_run_report_apply(tmp_path, monkeypatch, exampl
     else:
         branch = infrarsi.apply(run_dir)
         assert branch.files and branch.branch
+
+
+def test_the_readme_shows_each_examples_glue_whole():
+    """Every README block headed ``# examples/<name>/<file>`` is that file, byte for byte (the
+    header line aside), and the glue of each example is shown: its YAML, and its adapter or
+    the script's lines that call InfraRSI."""
+    import re
+
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    blocks = re.findall(r"```\w+\n# (examples/\S+)\n(.*?)```", readme, flags=re.S)
+    shown = {path: body for path, body in blocks}
+    for path, body in shown.items():
+        assert body == (EXAMPLES.parent / path).read_text(), f"README's {path} is out of date"
+    for name in ("nanogpt", "nanogpt_loop"):
+        assert f"examples/{name}/infrarsi.yaml" in shown
+    assert "examples/nanogpt/infrarsi_adapter.py" in shown
+    script = (EXAMPLES / "nanogpt_loop" / "train.py").read_text()
+    calls = [s.strip() for s in script.splitlines() if "infrarsi.prepare(" in s
+             or "infrarsi.step(" in s or s.startswith("import infrarsi")]
+    assert len(calls) == 3 and all(c in readme for c in calls)

@@ -135,7 +135,8 @@ def test_the_good_adapter_passes(tmp_path):
      re.escape("loss(model) takes the wrong arguments: it must be `def loss(model, batch)")),
     ({"build_model": "def build_model():\n    return 3\n"}, "return your model instance"),
     ({"loss": "def loss(model, batch):\n    return F.cross_entropy(model(batch), batch[1])\n"},
-     "does not return what your loss expects"),
+     "does not return what your loss expects.*call the model in loss\\(\\) the way your own "
+     "training loop does"),
     ({"loss": "def loss(model, batch):\n    x, y = batch\n    return F.cross_entropy("
               "model(x).flatten(0, 1), y.flatten(), reduction='none')\n"},
      "must return a scalar tensor .*\\.mean\\(\\)"),
@@ -150,7 +151,10 @@ def test_the_good_adapter_passes(tmp_path):
                  "        x = torch.randint(16, (ctx.global_batch_size, 5))\n"
                  "        yield from ctx.shard((x, x))\n"},
      "different data each time.*ctx.generator\\(step\\)"),
-    ({"tokens": "def tokens(batch):\n    return 0\n"}, "must return a positive int"),
+    ({"tokens": "def tokens(batch):\n    return 0\n"},
+     "must return a positive int .*e.g. `return batch\\[1\\].numel\\(\\)`"),
+    ({"tokens": GOOD["tokens"] + "def blocks(model):\n    return model[0]\n"},
+     "blocks\\(model\\) returned a Embedding; return the nn.ModuleList .*e.g. `return model.h`"),
 ])
 def test_adapter_mistakes_are_named_with_the_fix_before_any_trial(tmp_path, replace, fix):
     spec = _adapter(tmp_path, **replace)
@@ -162,7 +166,16 @@ def test_a_non_scalar_loss_in_a_trial_is_named_with_the_fix(tmp_path):
     spec = _adapter(tmp_path, loss="def loss(model, batch):\n    x, y = batch\n"
                     "    return F.cross_entropy(model(x).flatten(0, 1), y.flatten(), "
                     "reduction='none')\n")
-    with pytest.raises(WorkloadError, match="must return a scalar tensor"):
+    with pytest.raises(WorkloadError, match="must return a scalar tensor .*reduce it with "
+                       "\\.mean\\(\\)"):
+        _run(spec)
+
+
+def test_an_optimizer_hook_that_returns_no_optimizer_is_named_with_the_fix(tmp_path):
+    spec = _adapter(tmp_path, tokens=GOOD["tokens"] + "def optimizer(model, impl):\n"
+                    "    return model.parameters()\n")
+    with pytest.raises(WorkloadError, match="optimizer\\(model, impl\\) returned a generator; "
+                       "return a torch.optim.Optimizer, e.g. `torch.optim.AdamW"):
         _run(spec)
 
 
@@ -315,6 +328,41 @@ def test_init_from_script_scaffolds_an_adapter_and_yaml_with_todos(tmp_path):
     assert main(["init", "--from-script", str(script)]) == 2  # exists: refused, not overwritten
 
 
+def test_init_from_script_writes_an_optimizer_hook_that_runs(tmp_path):
+    """The scaffolded optimizer imports the script's constants it reads, takes the parameters
+    from ``model`` whatever the script named its model, and marks what only the script's run
+    knows (``args``) as a TODO."""
+    import torch
+
+    from infrarsi.scaffold import scaffold
+
+    job = tmp_path / "job"
+    shutil.copytree(NANOGPT, job, ignore=shutil.ignore_patterns("__pycache__", "infrarsi*"))
+    adapter, _ = scaffold(job / "train.py")
+    text = adapter.read_text()
+    assert "from .train import LEARNING_RATE, get_batch" in text
+    assert "torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, **impl)" in text
+    (job / "__init__.py").write_text("")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import importlib
+
+        mod = importlib.import_module("job.infrarsi_adapter")
+        opt = mod.optimizer(torch.nn.Linear(2, 2), {"foreach": False})
+        assert opt.defaults["lr"] == 1e-3 and opt.defaults["foreach"] is False
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [n for n in sys.modules if n == "job" or n.startswith("job.")]:
+            del sys.modules[name]
+    loop = tmp_path / "loop"
+    loop.mkdir()
+    (loop / "train.py").write_text("from torch import optim\n"
+                                   "opt = optim.SGD(net.parameters(), lr=args.lr)\n")
+    text = scaffold(loop / "train.py")[0].read_text()
+    assert ("return torch.optim.SGD(model.parameters(), lr=args.lr, **impl)  # TODO: args: "
+            "your script's values here") in text
+
+
 def test_prepare_outside_a_trial_applies_the_promoted_settings_file(tmp_path):
     import torch
 
@@ -341,3 +389,85 @@ def test_prepare_outside_a_trial_applies_the_promoted_settings_file(tmp_path):
     assert opt2 is opt and opt.param_groups[0]["foreach"] is False
     plain = Net()
     assert infrarsi.prepare(plain, None, None, settings=tmp_path / "absent.json")[0] is plain
+
+
+# ---- errors in an own loop: each names the problem and the fix (in process, no Ray) --------
+LOOP_SCRIPT = """
+import torch
+import infrarsi
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = ((x, x) for x in (torch.randint(16, (ROWS, 5)) for _ in range(10)))
+if PREPARE:
+    model, optimizer, loader = infrarsi.prepare(model, optimizer, loader)
+for x, y in loader:
+    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(),
+                                             reduction=REDUCTION)
+    loss.mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    infrarsi.step(LOSS, tokens=y.numel())
+"""
+
+
+def _own_loop(tmp_path: Path, *, rows: int = 4, prepare: bool = True,
+              reduction: str = "mean", loss: str = "loss") -> None:
+    """Run a small own-loop script as a trial runs it (``run_script`` with a session), in
+    this process: global batch 4, micro-batch 2, three optimizer steps."""
+    import torch
+
+    from infrarsi.harness.own_loop import Session, run_script
+    from infrarsi.harness.workload import DataContext
+
+    script = (LOOP_SCRIPT.replace("ROWS", str(rows)).replace("PREPARE", str(prepare))
+              .replace("REDUCTION", repr(reduction)).replace("LOSS", loss))
+    (tmp_path / "train.py").write_text(script)
+    config = {"activation_checkpointing": "none", "compile": "off", "data_parallel": "ddp",
+              "precision": "fp32", "optimizer_impl": "foreach", "micro_batch_size": 2}
+    session = Session(config=config, device=torch.device("cpu"),
+                      ctx=DataContext(0, 1, 2, 4, 0), accum=2, total_steps=3,
+                      on_step=lambda i: None)
+    run_script(tmp_path, "train.py", [], session)
+
+
+def test_the_small_own_loop_runs(tmp_path):
+    _own_loop(tmp_path)  # the baseline of the cases below: no error
+
+
+@pytest.mark.parametrize("kw, fix", [
+    ({"prepare": False}, "never called infrarsi.prepare.*call it once before your training loop"),
+    ({"rows": 3}, "yielded a batch of 3 rows, but the task locks workload.global_batch_size 4: "
+                  "give prepare\\(\\) a loader of whole global batches.*workload.script_args"),
+    ({"reduction": "none"}, re.escape("got a tensor of shape [10]; loss must be the scalar loss "
+                                      "tensor of the micro-batch: reduce it to the micro-batch's "
+                                      "mean loss with .mean()")),
+    ({"loss": "loss.item()"}, re.escape("got a float; loss must be the scalar loss tensor of the "
+                                        "micro-batch: pass the tensor `loss`, not `loss.item()`")),
+])
+def test_own_loop_mistakes_are_named_with_the_fix(tmp_path, kw, fix):
+    with pytest.raises(WorkloadError, match=fix):
+        _own_loop(tmp_path, **kw)
+
+
+@pytest.mark.parametrize("status, kind, fix, not_fix", [
+    ("error", "crash", "Fix what the error above names, or change search.baseline",
+     "smaller micro_batch_size"),
+    ("oom", None, "smaller micro_batch_size, activation_checkpointing: full", "Fix what"),
+])
+def test_a_baseline_that_does_not_run_gets_the_fix_that_fits(status, kind, fix, not_fix):
+    """init's refusal: memory savers only for an out-of-memory baseline, never for a crash in
+    the user's code (the wrong advice a new user was given)."""
+    from infrarsi.backends.ray_train.backend import hardware_fingerprint, workload_signature
+    from infrarsi.init_stage import baseline_failed
+    from infrarsi.trial import TrialRecord
+
+    spec = load_task(NANOGPT / "infrarsi.yaml")
+    record = TrialRecord.from_dict({
+        "trial_id": "init-baseline", "config": {}, "status": status, "error_kind": kind,
+        "backend": "ray_train", "workload": workload_signature(spec).to_dict(),
+        "hardware": hardware_fingerprint(spec).to_dict(),
+        "error_message": "ImportError: No module named 'tiktoken'"})
+    message = baseline_failed(record, {"micro_batch_size": 1}, spec)
+    assert fix in message and not_fix not in message and "re-run `infrarsi init`" in message

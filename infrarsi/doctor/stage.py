@@ -179,9 +179,24 @@ def _unusable(records: Sequence[TrialRecord], contract: Contract, config: dict[s
                 f"{bad.error_message}); across repeats and the reference the loss spreads by up "
                 f"to {spread:.2e} (relative), above the tolerance {rtol:g}. The workload is "
                 "non-deterministic at a fixed seed, so no candidate can be checked against it. "
-                f"Make it deterministic, or set loss_reference.rtol: {suggest:g} in the task spec "
-                "(accepting that drift) and re-run `infrarsi init`.")
+                f"Make it deterministic{_seeding_advice(contract)}, or set loss_reference.rtol: "
+                f"{suggest:g} in the task spec (accepting that drift) and re-run `infrarsi init`.")
     return f"{where} was rejected in trial {bad.trial_id}: {bad.error_message}"
+
+
+def _seeding_advice(contract: Contract) -> str:
+    """How to seed a user's own data, the usual source of run-to-run drift in their job."""
+    wl = contract.spec().workload
+    if wl.script:
+        return (" (seed every random draw of your data at the top of your script: "
+                "`torch.manual_seed(0)`, `random.seed(0)`, `numpy.random.seed(0)`, and give a "
+                "shuffling DataLoader `generator=torch.Generator().manual_seed(0)` and, with "
+                "workers, a `worker_init_fn` that seeds each worker)")
+    if wl.adapter:
+        return (" (draw every random choice of batches(ctx) from `ctx.generator(step)`, e.g. "
+                "`torch.randint(..., generator=ctx.generator(step))`, and shuffle a DataLoader "
+                "with `generator=ctx.generator(epoch)`; not the global torch/numpy/random state)")
+    return ""
 
 
 def _round_up(x: float) -> float:

@@ -139,9 +139,16 @@ def step(loss: torch.Tensor, tokens: int) -> None:
     s = _SESSION
     if s is None:
         return
+    if s.model is None:  # measured without the trial's knobs, the trial would mean nothing
+        raise WorkloadError("infrarsi.step was called, but the script never called "
+                            "infrarsi.prepare(model, optimizer, dataloader), so the trial's "
+                            "settings were not applied; call it once before your training loop")
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        raise WorkloadError("infrarsi.step(loss, tokens): loss must be the scalar loss tensor of "
-                            "the micro-batch (pass `loss`, not `loss.item()`)")
+        got, fix = ((f"a tensor of shape {list(loss.shape)}", "reduce it to the micro-batch's "
+                     "mean loss with .mean()") if isinstance(loss, torch.Tensor)
+                    else (f"a {type(loss).__name__}", "pass the tensor `loss`, not `loss.item()`"))
+        raise WorkloadError(f"infrarsi.step(loss, tokens) got {got}; loss must be the scalar "
+                            f"loss tensor of the micro-batch: {fix}")
     part = loss.detach().float() / s.accum
     s.loss_sum = part if s.loss_sum is None else s.loss_sum + part
     s.tokens_sum += int(tokens)
@@ -235,6 +242,17 @@ class _MicroBatches:
     def __iter__(self):
         s = self._s
         for batch in self.loader:
+            # Checked here (not in ctx.shard) so the message speaks of the user's loader and
+            # launch flags, which is what an own-loop user can change.
+            rows = wlm.batch_rows(batch)
+            if rows != s.ctx.global_batch_size:
+                raise WorkloadError(
+                    f"the loader given to infrarsi.prepare yielded a batch of {rows} rows, but "
+                    f"the task locks workload.global_batch_size {s.ctx.global_batch_size}: give "
+                    "prepare() a loader of whole global batches (InfraRSI cuts each into this "
+                    "rank's micro-batches), e.g. pass your script's batch-size flag in "
+                    "workload.script_args, or change workload.global_batch_size and re-run "
+                    "`infrarsi init`")
             for micro in s.ctx.shard(batch):
                 if hasattr(s.model, "require_backward_grad_sync"):
                     s.model.require_backward_grad_sync = s.micro == s.accum - 1

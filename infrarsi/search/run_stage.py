@@ -321,7 +321,7 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
     ranked_top = sorted(ranked.values(), key=lambda t: -t[0])[:top]
     candidates = [c for _, c in ranked_top]
     if not candidates:
-        session.progress("verification: no candidate faster than nothing to verify")
+        session.progress("verification: no trial other than the baseline ran ok; nothing to verify")
         return []
     min_effect = session.spec.verify.min_effect
     noise = session.noise
