@@ -11,10 +11,11 @@ clock tampering (:class:`ClockTamperError`, whose message gives the outside cloc
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,13 +31,30 @@ TIMER_SRC = ("import sys,time\nm=time.monotonic_ns\nr=sys.stdin.buffer.readline\
              "while r():\n ts.append(m())\nsys.stdout.write(' '.join(map(str,ts)))\n")
 TIMER_ARGS = (sys.executable, "-I", "-S", "-c", TIMER_SRC)
 
-# The two clocks read the same boundaries microseconds apart (a pipe write, a scheduler wake-up
-# of the timer: ~0.1 ms, up to a few ms on a loaded box). Summed over a run of contiguous steps
-# the per-mark delays telescope: only the run's first and last marks count, so the totals may
-# differ by this share plus CLOCK_ATOL_S per run endpoint before it counts as tampering. A clock
-# that runs at half speed (the gaming patches' "2x") is 50% off.
+# The two clocks read the same step boundaries, the outside one a little later: a pipe write and
+# the timer's wake-up, ~0.1 ms quiet, tens of ms for a mark or two on a heavily loaded box. Both
+# read the same monotonic rate, so the lag (outside - inside) of every mark is that delay plus a
+# constant; a tampered clock that runs at another speed makes the lag drift with the elapsed time
+# at (1 - its speed). The check fits that drift robustly (Theil-Sen: the median of the pairwise
+# slopes, so a few late marks cannot make it) and calls it tampering when the clock is off by more
+# than CLOCK_RTOL and that adds up to more than CLOCK_ATOL_S over the trial. A clock that runs at
+# half speed (the gaming patches' "2x") drifts at 0.5. Missing a smaller drift costs nothing: the
+# step times a trial reports are always the outside timer's.
 CLOCK_RTOL = 0.15
-CLOCK_ATOL_S = 0.005
+CLOCK_ATOL_S = 0.02
+MAX_FIT_MARKS = 300  # evenly spaced marks the drift is fitted on (pairs grow as n^2)
+
+
+def clock_drift(inside: Sequence[float], outside: Sequence[float]) -> float:
+    """The in-process clock's drift against the outside one: the Theil-Sen slope of the lag
+    (outside - inside) over the outside time; 0 for an honest clock, 1 - speed for a scaled one."""
+    n = len(outside)
+    idx = sorted({round(i * (n - 1) / (MAX_FIT_MARKS - 1)) for i in range(MAX_FIT_MARKS)}
+                 if n > MAX_FIT_MARKS else range(n))
+    lag = [(outside[i], outside[i] - inside[i]) for i in idx]
+    slopes = [(lb - la) / (tb - ta) for k, (ta, la) in enumerate(lag) for tb, lb in lag[k + 1:]
+              if tb > ta]
+    return statistics.median(slopes) if slopes else 0.0
 
 
 class ClockTamperError(RuntimeError):
@@ -136,6 +154,14 @@ class StepClock:
         inside, true = self._intervals(self.marks), self._intervals(outside)
         if not true:
             return None
+        drift = clock_drift(self.marks, outside)
+        span = outside[-1] - outside[0]
+        if abs(drift) > CLOCK_RTOL and abs(drift) * span > CLOCK_ATOL_S:
+            a, b = sum(inside), sum(true)
+            return (f"clock tampering: the in-process clock reads {a / len(true) * 1e3:.1f} ms per "
+                    f"step, the outside timer {b / len(true) * 1e3:.1f} ms (it runs at "
+                    f"{1 - drift:.2f}x real time; {_TRUE_TIMES}{[round(x, 6) for x in true]} s)")
+        return None
         a, b = sum(inside), sum(true)
         runs = 1 + len(self._gaps)  # contiguous runs of steps (restart() begins a new one)
         if abs(a - b) > CLOCK_RTOL * b + CLOCK_ATOL_S * 2 * runs:
