@@ -8,11 +8,15 @@ from the verification's own pairs > 1 + min_effect, Pocock-type alpha spending o
     targets at most 5%). With few real verdicts that count is coarse, so the A/A pairs measured
     are also resampled (with replacement, as measured, not re-centred) into ``--resample``
     sequential verdicts through the same looks and levels (``judge``).
-(b) A/B: ``--candidate`` (default micro_batch_size=4, a real difference) verified ``--ab`` times
-    while ``--load-cores`` busy-loop processes this script starts (and stops, by pid, with a
-    deadline of their own) compete for the CPUs; then, quiet, one re-measurement of the same
-    two configs: how often the loaded verdicts promote and how far their estimate is from the
-    quiet one.
+(b) A/B: ``--candidate`` against ``--ab-baseline`` (each KNOB=VALUE over the task's baseline)
+    verified ``--ab`` times while ``--load-cores`` busy-loop processes this script starts (and
+    stops, by pid, with a deadline of their own) compete for the CPUs; then, quiet, one
+    re-measurement of the same two configs: how often the loaded verdicts promote and how far
+    their estimate is from the quiet one. The default pair is a difference known to be real on
+    any machine: the A side recomputes every layer's forward in the backward
+    (``activation_checkpointing=full``), the B side is the task's baseline (no recompute), so B
+    does about a third less compute per step. (micro_batch_size 1 vs 4 is no such difference
+    on the CPU reference task: its quiet re-measurement read 1.01x.) ``--ab 0`` skips (b).
 
 (c) Many more A/A verdicts on the simulator, its machine noise fitted to the real A/A trials
     (``infrarsi.backends.simulator.noise.fit_noise``: step jitter, stalled steps, per-trial
@@ -22,7 +26,8 @@ from the verification's own pairs > 1 + min_effect, Pocock-type alpha spending o
     ``--calibrate FILE.json`` reads the real trials from an earlier ``--out`` and runs (c) only.
 
     .venv/bin/python scripts/bench_verify.py [--task cpu_dense] [--aa 3] [--ab 2] [--pairs 5]
-        [--max-pairs 10] [--candidate micro_batch_size=4] [--load-cores 1] [--out FILE.json]
+        [--max-pairs 10] [--ab-baseline activation_checkpointing=full]
+        [--candidate activation_checkpointing=none] [--load-cores 1] [--out FILE.json]
         [--sim-aa 2000] [--sim-ab 500] [--sim-effect 1.10] [--calibrate FILE.json]
 """
 
@@ -150,6 +155,29 @@ def _print_sim(sim: dict, min_effect: float) -> None:
               f"{sim['ab_pairs_mean']:.1f}")
 
 
+def _ab(backend, base: dict, cand: dict, args, kw: dict, out: dict, save) -> None:
+    """(b): ``args.ab`` verdicts under the busy loops, then one quiet re-measurement."""
+    from infrarsi.search.verify import verify_candidate
+
+    procs = _load(args.load_cores, seconds=3600)
+    try:
+        for j in range(args.ab):
+            t0 = time.monotonic()
+            v = verify_candidate(backend, base, cand, tag=f"ab{j}", **kw)
+            out["ab"].append(_row(f"ab{j}", v, time.monotonic() - t0))
+            print(f"A/B under {args.load_cores} busy core(s) {j + 1}/{args.ab}: "
+                  f"{'PROMOTED' if v.promoted else 'refused'}: {v.reason}", flush=True)
+            save()
+    finally:
+        _stop(procs)
+    t0 = time.monotonic()
+    v = verify_candidate(backend, base, cand, tag="quiet", pairs=args.pairs,
+                         max_pairs=args.pairs, min_effect=args.min_effect)
+    out["quiet"] = _row("quiet", v, time.monotonic() - t0)
+    print(f"A/B quiet re-measurement: {v.reason}", flush=True)
+    save()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="cpu_dense")
@@ -158,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--max-pairs", type=int, default=10)
     ap.add_argument("--min-effect", type=float, default=0.03)
-    ap.add_argument("--candidate", action="append", default=[], metavar="KNOB=VALUE")
+    ap.add_argument("--candidate", action="append", default=[], metavar="KNOB=VALUE",
+                    help="(b)'s B side over the task's baseline (default: the baseline itself)")
+    ap.add_argument("--ab-baseline", action="append", default=[], metavar="KNOB=VALUE",
+                    help="(b)'s A side over the task's baseline (default: "
+                         "activation_checkpointing=full, a known real slowdown)")
     ap.add_argument("--load-cores", type=int, default=1)
     ap.add_argument("--resample", type=int, default=20000)
     ap.add_argument("--out", default="")
@@ -190,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
              logging_level="ERROR")
     backend = RayTrainBackend(spec)
     base = backend.baseline_config()
-    cand = {**base, **(_parse_set(args.candidate) or {"micro_batch_size": 4})}
+    ab_base = {**base, **(_parse_set(args.ab_baseline)
+                          or {"activation_checkpointing": "full"})}
+    cand = {**base, **_parse_set(args.candidate)}
+    if ab_base == cand:
+        ap.error("--ab-baseline and --candidate give the same config: (b) needs a difference")
     kw = {"pairs": args.pairs, "max_pairs": args.max_pairs, "min_effect": args.min_effect}
     out: dict = {"args": vars(args), "aa": [], "ab": [], "quiet": None}
 
@@ -208,23 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"A/A {j + 1}/{args.aa}: {'PROMOTED' if v.promoted else 'refused'}: {v.reason}",
                   flush=True)
             save()
-        procs = _load(args.load_cores, seconds=3600)
-        try:
-            for j in range(args.ab):
-                t0 = time.monotonic()
-                v = verify_candidate(backend, base, cand, tag=f"ab{j}", **kw)
-                out["ab"].append(_row(f"ab{j}", v, time.monotonic() - t0))
-                print(f"A/B under {args.load_cores} busy core(s) {j + 1}/{args.ab}: "
-                      f"{'PROMOTED' if v.promoted else 'refused'}: {v.reason}", flush=True)
-                save()
-        finally:
-            _stop(procs)
-        t0 = time.monotonic()
-        v = verify_candidate(backend, base, cand, tag="quiet", pairs=args.pairs,
-                             max_pairs=args.pairs, min_effect=args.min_effect)
-        out["quiet"] = _row("quiet", v, time.monotonic() - t0)
-        print(f"A/B quiet re-measurement: {v.reason}", flush=True)
-        save()
+        if args.ab:
+            _ab(backend, ab_base, cand, args, kw, out, save)
     finally:
         backend.close()
         ray.shutdown()
@@ -248,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         out["sim"] = simulated(aa_trials, **sim_kw)
         _print_sim(out["sim"], args.min_effect)
     quiet = out["quiet"]["speedup"] if out["quiet"] else None
-    print(f"(b) A/B {cand} under {args.load_cores} busy core(s): "
+    changed = {k: (ab_base[k], cand[k]) for k in cand if ab_base.get(k) != cand[k]}
+    print(f"(b) A/B {changed} under {args.load_cores} busy core(s): "
           f"{sum(r['promoted'] for r in out['ab'])}/{len(out['ab'])} promoted; quiet "
           f"re-measurement {quiet:.3f}x" if quiet else "(b) no quiet re-measurement")
     for r in out["ab"]:
