@@ -218,8 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     from infrarsi.search.verify import FALSE_PROMOTION_RATE, verify_candidate
 
     spec = load_task(ROOT / "configs" / "tasks" / f"{args.task}.yaml")
+    from infrarsi.backends.ray_train._priority import with_trial_priority
+
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+             logging_level="ERROR", runtime_env=with_trial_priority())
     backend = RayTrainBackend(spec)
     base = backend.baseline_config()
     ab_base = {**base, **(_parse_set(args.ab_baseline)

@@ -399,3 +399,29 @@ def test_the_progress_table_judges_at_the_verdicts_looks_and_ends_with_the_repor
         assert "precision fp32->bf16" in lines[-1]
     else:
         assert lines[-1].startswith("promoted: nothing")
+
+
+def test_trial_processes_run_at_the_drivers_priority():
+    """Ray's workers default to nice 15: a busy process elsewhere then slows every trial ~10x.
+    The Ray InfraRSI starts gives its workers, and the actors they start, the driver's."""
+    code = (
+        "import os, ray\n"
+        "from infrarsi.backends.ray_train.backend import _ensure_ray\n"
+        "_ensure_ray()\n"
+        "@ray.remote\n"
+        "class Inner:\n"
+        "    def nice(self): return os.nice(0)\n"
+        "@ray.remote\n"
+        "class Outer:\n"
+        "    def nice(self): return os.nice(0), ray.get(Inner.options(num_cpus=0).remote()"
+        ".nice.remote())\n"
+        "print('NICE', os.nice(0), *ray.get(Outer.options(num_cpus=0).remote().nice.remote()))\n"
+        "ray.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_AUTH_MODE"] = "disabled"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("NICE")), None)
+    assert line is not None, out.stderr[-2000:]
+    driver, outer, inner = map(int, line.split()[1:])
+    assert outer == inner == driver, line
