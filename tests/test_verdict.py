@@ -358,3 +358,70 @@ def test_the_run_stage_lengthens_both_sides_when_jitter_dominates_within_the_tim
     assert backend is toy and steps == 5 and "5 measured steps" in lines[-1]
     # between-run shifts dominate: the length stays
     assert _verification_backend(session(sim, 1e6), _noise(sw=0.02, sb=0.10))[1] == 5
+
+
+@pytest.mark.parametrize(("seed", "candidate"), [(1, {"precision": "bf16"}), (3, {})])
+def test_the_progress_table_judges_at_the_verdicts_looks_and_ends_with_the_reports_headline(
+        seed, candidate):
+    """The pair lines test the bar only at the verification's looks, at their levels, so the
+    table's last look says what the verdict decided; its summary gives the report's figures."""
+    from types import SimpleNamespace
+
+    from infrarsi.report._sections import verdict_line
+    from infrarsi.search.run_stage import RunOutcome
+
+    b = ToyBackend(seed=seed, noise=0.05)
+    base = b.baseline_config()
+    lines: list[str] = []
+    table = Progress(lines.append, baseline_step_s=None, baseline_config=base)
+    looks = look_schedule(5, 10)
+    table.verify_start(1, 1, 5, {**base, **candidate}, looks, look_alphas(looks))
+    last: dict = {}
+
+    def on_record(rec, origin):
+        last[origin] = rec
+        if origin == "verify:candidate":
+            table.verify_pair(last["verify:baseline"], rec, bar=1.03)
+
+    v = verify_candidate(b, base, {**base, **candidate}, pairs=5, max_pairs=10, min_effect=0.03,
+                         tag="t", on_record=on_record)
+    judged = [ln for ln in lines if "lower bound" in ln]
+    assert judged and f"lower bound {v.ci_low:.3f}" in judged[-1]
+    assert ("clears the bar" in judged[-1]) == v.promoted
+    assert len(judged) == looks.index(len(v.pairs)) + 1  # one judgement per look taken
+    assert all("clears" not in ln and "below" not in ln for ln in lines if ln not in judged)
+    table.summary(RunOutcome("r", 1, None, verdicts=[v], promoted=v if v.promoted else None))
+    if v.promoted:
+        _, head = verdict_line(SimpleNamespace(promoted=v.to_dict(), partial=None))
+        figures = f"{v.speedup:.3f}x faster per step ({v.confidence:.0%} CI [{v.ci_low:.3f}, " \
+                  f"{v.ci_high:.3f}], {len(v.pairs)} interleaved A/B pairs"
+        assert figures in head.replace("**", "") and figures in lines[-1]
+        assert "precision fp32->bf16" in lines[-1]
+    else:
+        assert lines[-1].startswith("promoted: nothing")
+
+
+def test_trial_processes_run_at_the_drivers_priority():
+    """Ray's workers default to nice 15: a busy process elsewhere then slows every trial ~10x.
+    The Ray InfraRSI starts gives its workers, and the actors they start, the driver's."""
+    code = (
+        "import os, ray\n"
+        "from infrarsi.backends.ray_train.backend import _ensure_ray\n"
+        "_ensure_ray()\n"
+        "@ray.remote\n"
+        "class Inner:\n"
+        "    def nice(self): return os.nice(0)\n"
+        "@ray.remote\n"
+        "class Outer:\n"
+        "    def nice(self): return os.nice(0), ray.get(Inner.options(num_cpus=0).remote()"
+        ".nice.remote())\n"
+        "print('NICE', os.nice(0), *ray.get(Outer.options(num_cpus=0).remote().nice.remote()))\n"
+        "ray.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_AUTH_MODE"] = "disabled"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("NICE")), None)
+    assert line is not None, out.stderr[-2000:]
+    driver, outer, inner = map(int, line.split()[1:])
+    assert outer == inner == driver, line

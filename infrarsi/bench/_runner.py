@@ -50,8 +50,10 @@ def ensure_ray(num_cpus: int = 2) -> None:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if not ray.is_initialized():
+        from infrarsi.backends.ray_train._priority import with_trial_priority
+
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 logging_level="ERROR", configure_logging=True)
+                 logging_level="ERROR", configure_logging=True, runtime_env=with_trial_priority())
 
 
 def build_search_alg(name: str, backend: Backend, *, budget: int, seed: int,

@@ -83,6 +83,8 @@ class Progress:
         self.after = 0  # trials to come after the search (verification)
         self._walls: list[float] = []
         self._pairs: list[tuple[float, float]] = []
+        self._attempts = 0  # pairs run for the candidate being verified, failed ones included
+        self._looks: dict[int, tuple[int, float]] = {}  # pairs -> (look number, its alpha)
 
     def header(self, budget: int, n_init: int, *, done: int = 0, verify_trials: int = 0) -> None:
         self.budget, self.done, self.after = budget, done, verify_trials
@@ -153,15 +155,21 @@ class Progress:
         if r.error_message and not r.ok:
             self.out(f"     {r.error_message.splitlines()[0][:150]}")
 
-    def verify_start(self, index: int, total: int, pairs: int, config: dict[str, Any]) -> None:
-        self._pairs = []
+    def verify_start(self, index: int, total: int, pairs: int, config: dict[str, Any],
+                     looks: list[int] | None = None, alphas: list[float] | None = None) -> None:
+        """A candidate's verification begins; ``looks``/``alphas`` are the verification's own
+        (``verify.look_schedule``/``look_alphas``): the pair lines judge only there, as it does."""
+        self._pairs, self._attempts = [], 0
+        self._looks = {n: (k + 1, a) for k, (n, a) in enumerate(zip(looks or [], alphas or [],
+                                                                    strict=True))}
         self.out(f"verifying candidate {index}/{total} with {pairs} interleaved pairs: "
                  f"{knob_changes(config, self.baseline_config)}")
 
     def verify_pair(self, base: TrialRecord, cand: TrialRecord, bar: float,
                     replayed: bool = False) -> None:
         """One finished pair and the interval of all this candidate's pairs so far."""
-        k = len(self._pairs) + 1
+        self._attempts += 1
+        k = self._attempts
         tag = " (kept from the earlier driver)" if replayed else ""
         if not (base.ok and cand.ok and base.step_time_s and cand.step_time_s):
             bad = cand if not cand.ok else base
@@ -170,19 +178,33 @@ class Progress:
         self._pairs.append((base.step_time_s, cand.step_time_s))
         s, lo, hi = paired_speedup([p[0] for p in self._pairs], [p[1] for p in self._pairs])
         ci = (f"95% CI [{lo:.3f}, {hi:.3f}]" if math.isfinite(hi) else "no interval yet")
-        verdict = "clears" if lo > bar else "below"
         self.out(f"  pair {k}: baseline {base.step_time_s * 1e3:.1f}ms, candidate "
                  f"{cand.step_time_s * 1e3:.1f}ms ({base.step_time_s / cand.step_time_s:.3f}x); "
-                 f"so far {s:.3f}x, {ci}, {verdict} the bar {bar:.3f}{tag}; "
+                 f"so far {s:.3f}x, {ci}{self._look_text(k, bar)}{tag}; "
                  f"elapsed {fmt_duration(self.clock() - self.t0)}")
+
+    def _look_text(self, k: int, bar: float) -> str:
+        """At a look of the verification: its one-sided bound at that look's level against the
+        bar (what the verdict tests); between looks the bar is not tested, so nothing is said."""
+        from infrarsi.search.verify import judge
+
+        if k not in self._looks or len(self._pairs) < 2:
+            return f"; next look at {min((n for n in self._looks if n > k), default=k)} pairs" \
+                if self._looks else ""
+        look, alpha = self._looks[k]
+        _, _, lo, _ = judge(self._pairs, min_effect=bar - 1.0, alpha=alpha, final=True, cap=k)
+        return (f"; look {look} of {len(self._looks)}: one-sided {1 - alpha:.1%} lower bound "
+                f"{lo:.3f} {'clears' if lo > bar else 'below'} the bar {bar:.3f}")
 
     def summary(self, outcome: Any) -> None:
         self.out(f"trials: {outcome.trials}")
         if outcome.promoted is not None:
+            # the report's headline in the same words and figures (its verdict_line)
             v = outcome.promoted
-            changed = {k: x for k, x in v.config.items()}
-            self.out(f"promoted: {v.speedup:.3f}x faster (95% CI {v.ci_low:.3f}-{v.ci_high:.3f}) "
-                     f"with {changed}")
+            self.out(f"promoted: {v.speedup:.3f}x faster per step ({v.confidence:.0%} CI "
+                     f"[{v.ci_low:.3f}, {v.ci_high:.3f}], {len(v.pairs)} interleaved A/B pairs "
+                     f"against the untouched baseline; minimum worthwhile effect 1 + "
+                     f"{v.min_effect:.3f}) with {knob_changes(v.config, self.baseline_config)}")
         elif outcome.verdicts:
             self.out("promoted: nothing; " + outcome.verdicts[0].reason)
         else:

@@ -334,8 +334,13 @@ class RunSession:
 
         if not ray.is_initialized():
             address = os.environ.get("RAY_ADDRESS")
+            from infrarsi.backends.ray_train._priority import with_trial_priority
+
+            # trials run at the driver's priority: Ray's default nice 15 let any busy process
+            # on a shared machine slow them ~10x (see _priority)
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                      "configure_logging": False}
+                                      "configure_logging": False,
+                                      "runtime_env": with_trial_priority()}
             if not address:
                 kwargs["resources"] = {TRIAL_DRIVER_RESOURCE: 64}
                 from infrarsi.search._ray_owner import claim

@@ -40,6 +40,8 @@ from infrarsi.search.verify import (
     FALSE_PROMOTION_RATE,
     MAX_LENGTHEN,
     Verdict,
+    look_alphas,
+    look_schedule,
     plan_pairs,
     plan_trial_length,
     trial_overhead_steps,
@@ -345,7 +347,8 @@ def _verify(session: RunSession, engine: SearchEngine, top: int, pairs: int,
         planned = plan_pairs(noise, min_effect=min_effect, expected_speedup=expected,
                              default=pairs, cap=4 * pairs, steps=steps)
         mde = session.noise_floor(planned)
-        table.verify_start(i + 1, len(candidates), planned, cand)
+        looks = look_schedule(planned, 2 * planned)
+        table.verify_start(i + 1, len(candidates), planned, cand, looks, look_alphas(looks))
         table.note(f"  up to {2 * planned} pairs while the verdict is open"
                    + (f"; doctor's MDE at {planned} pairs {mde:.1%} (planning only)"
                       if mde is not None else ""))

@@ -364,7 +364,9 @@ class RayTrainBackend(Backend):
 
 def _ensure_ray() -> None:
     if not ray.is_initialized():
+        from infrarsi.backends.ray_train._priority import with_trial_priority
+
         ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
+                 log_to_driver=False, configure_logging=False, runtime_env=with_trial_priority())
 
 
