@@ -425,3 +425,21 @@ def test_trial_processes_run_at_the_drivers_priority():
     assert line is not None, out.stderr[-2000:]
     driver, outer, inner = map(int, line.split()[1:])
     assert outer == inner == driver, line
+
+
+def test_the_tables_baseline_is_the_median_of_the_recent_sentinels():
+    """One noisy sentinel (246 ms between 318 and 320) does not move every later speedup."""
+    from types import SimpleNamespace
+
+    from infrarsi.search._session import RunSession
+
+    lines: list[str] = []
+    table = Progress(lines.append, baseline_step_s=0.3245)
+    session = SimpleNamespace(doctor_baseline_step_s=0.3245, noise={"trial_cv": 0.08},
+                              sentinels=[], baseline_step_s=0.3245, doctor_contended=False,
+                              _sentinel_series=[])
+    for i, step in enumerate([0.318, 0.246, 0.320]):
+        rec = SimpleNamespace(ok=True, step_time_s=step, step_times_s=[step], trial_id=f"s{i}")
+        RunSession.sentinel_measured(session, rec, table)
+    assert table.baseline_step_s == session.baseline_step_s == pytest.approx(0.318)
+    assert "median of the last 3 sentinels, 318.0 ms" in lines[-1]

@@ -117,14 +117,20 @@ class Progress:
     def note(self, text: str) -> None:
         self.out(text)
 
-    def sentinel(self, drift: dict[str, Any]) -> None:
-        """A baseline sentinel finished (``_session.baseline_drift``): later speedups use it."""
+    def sentinel(self, drift: dict[str, Any], baseline_step_s: float | None = None,
+                 window: int = 1) -> None:
+        """A baseline sentinel finished (``_session.baseline_drift``): later speedups are against
+        ``baseline_step_s`` (the median of the last ``window`` sentinels; this one's by default)."""
         text = f"baseline sentinel: {drift['step_s'] * 1e3:.1f} ms/step"
         if drift.get("drift") is not None:
             text += f", {drift['drift']:+.1%} from doctor's {drift['doctor_step_s'] * 1e3:.1f} ms"
             if drift.get("notable"):
                 text += f" (DRIFT: beyond twice one trial's noise {drift['trial_cv']:.1%})"
-        self.out(text + "; speedups below are against this sentinel")
+        if baseline_step_s is None or window <= 1:
+            self.out(text + "; speedups below are against this sentinel")
+        else:
+            self.out(text + f"; speedups below are against the median of the last {window} "
+                     f"sentinels, {baseline_step_s * 1e3:.1f} ms")
 
     def row(self, n: int, r: TrialRecord, origin: str, live: dict[str, Any] | None) -> None:
         status = r.status.value + (f":{r.error_kind.value}" if r.error_kind else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,8 @@ __all__ = ["RunLockedError", "RunSession"]
 # How often an open trial's bank row is touched: a trial in flight when the driver is killed is
 # charged the device time up to its last beat, so a short period loses little of it.
 HEARTBEAT_S = 2.0
+# The progress table's speedups are against the median of this many most recent sentinels.
+SENTINEL_WINDOW = 3
 
 
 def baseline_drift(step_s: float, doctor_step_s: float | None,
@@ -207,8 +210,11 @@ class RunSession:
         drift = baseline_drift(record.step_time_s, self.doctor_baseline_step_s,
                                (self.noise or {}).get("trial_cv"))
         self.sentinels.append({"trial_id": record.trial_id, **drift})
-        table.baseline_step_s = self.baseline_step_s = record.step_time_s
-        table.sentinel(drift)
+        # the table's baseline: the median of the recent sentinels, so one noisy baseline trial
+        # does not move every speedup after it (a sentinel read 246 then 318 ms on a busy box)
+        recent = [s["step_s"] for s in self.sentinels[-SENTINEL_WINDOW:]]
+        table.baseline_step_s = self.baseline_step_s = statistics.median(recent)
+        table.sentinel(drift, baseline_step_s=self.baseline_step_s, window=len(recent))
         if self.doctor_contended and record.step_times_s:
             self._sentinel_series.append(list(record.step_times_s))
             if len(self._sentinel_series) == 2:
