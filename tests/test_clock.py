@@ -51,21 +51,25 @@ def test_a_half_speed_clock_is_tampering_and_the_outside_times_are_reported(monk
 
 
 def test_late_outside_marks_on_a_loaded_machine_are_not_tampering():
-    """The timer process woke 20-30 ms late for two marks (a box with a load of 12 on 2 cores did
-    this to an honest 25 ms/step trial): a few late marks are not a clock running at another
-    speed. The same marks from a clock at half speed are."""
-    steps = [0.0254 * i for i in range(4)]
-    late = [0.020, 0.0, 0.0, 0.0]
+    """On a box with a load of 12 on 2 cores the timer process woke tens of ms late, once reading
+    two marks 3 us apart (honest baselines read 26 vs 18 and 56 vs 73 ms/step): late marks are
+    not tampering. A clock reading ahead of the outside one, or a rescaled one, is."""
+    t0 = 26491.5  # CLOCK_MONOTONIC seconds, as both clocks read it
     clock = C.StepClock(torch.device("cpu"), outside=False)
-    clock.marks, clock.outside_marks = steps, [t + d for t, d in zip(steps, late, strict=True)]
-    assert clock.check() is None
-    steps = [0.0254 * i for i in range(12)]
-    late = [0.0, 0.03, 0.0, 0.0, 0.0, 0.0, 0.0, 0.025, 0.0, 0.0, 0.0, 0.0]
-    clock.marks, clock.outside_marks = steps, [t + d for t, d in zip(steps, late, strict=True)]
-    assert clock.check() is None
-    clock.marks = [t * 0.5 for t in steps]
-    problem = clock.check()
-    assert problem and "clock tampering" in problem and "0.50x real time" in problem
+
+    def judge(inside, lags):
+        clock.marks = [t0 + t for t in inside]
+        clock.outside_marks = [t0 + t + d for t, d in zip(inside, lags, strict=True)]
+        return clock.check()
+
+    assert judge([0.0, 0.0254, 0.0518, 0.0747], [0.020, 0.0, 0.0, 0.0]) is None
+    assert judge([0.0, 0.0635, 0.1165, 0.1675], [0.0, 0.0, 0.101, 0.051]) is None
+    assert judge([0.0254 * i for i in range(12)], [0, 0.03, 0, 0, 0, 0, 0, 0.025, 0, 0, 0, 0]) is None
+    ahead = judge([0.0, 0.05, 0.10, 0.15], [0.0, -0.01, -0.02, -0.03])
+    assert ahead and "clock tampering" in ahead and "ahead of the outside timer" in ahead
+    clock.marks = [t * 0.5 for t in clock.outside_marks]  # the gaming patches' rescaled clock
+    halved = clock.check()
+    assert halved and "clock tampering" in halved and "behind the outside timer" in halved
 
 
 def test_a_trial_whose_patched_model_halves_the_clock_is_rejected_with_true_times(tmp_path,
