@@ -20,7 +20,10 @@ kind's median overhead (submit -> first measured step), median trial wall, the o
 of the wall, trials per hour (3600 / median wall) and their ratio, and the A/A check: the
 warm/fresh ratio of the pairs' median step times, with a 95% t-interval of its log. Ray gets
 twice this machine's CPUs as logical CPUs so an idle warm group and a fresh trial both fit (an
-idle actor uses no CPU; only one trial runs at a time).
+idle actor uses no CPU; only one trial runs at a time). ``--phases`` adds where each kind's wall
+goes on rank 0 (submit -> rank 0 runs, workspace files, timer + entry import, model build, the
+profiled warm-up, the memory meter's read, the settle step, the measured steps, the reply):
+what is start-up and what is the contract's own warm-up.
 
 Peak memory against micro-batch size: ``scripts/bench_memory.py``.
 """
@@ -57,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run each trial with a stop hint it cannot meet; compare walls")
     ap.add_argument("--pool", action="store_true",
                     help="fresh vs warm (pooled) trials, interleaved pairs; overhead and A/A")
+    ap.add_argument("--phases", action="store_true",
+                    help="with --pool: where each trial's time goes on rank 0 (submit -> worker, "
+                         "workspace, import, model build, profiled warm-up, meter read, settle "
+                         "step, measured steps, reply); a setup hook in every worker")
     ap.add_argument("--cpu-times", action="store_true",
                     help="with --pool: also each trial's CPU seconds per measured step on rank 0 "
                          "(more work, or more waiting for a CPU?); a setup hook in every worker")
@@ -128,14 +135,20 @@ def compare_pool(args) -> int:
     from infrarsi.backends.ray_train._pool import shutdown_process_pool
     from infrarsi.contract import load_task
 
-    cpu_log = None
-    runtime_env = {}
-    if args.cpu_times:
+    cpu_log = phase_log = None
+    hooks = []
+    if args.cpu_times or args.phases:
         import tempfile
 
-        cpu_log = Path(tempfile.mkdtemp(prefix="infrarsi-cpu-")) / "steps.jsonl"
-        runtime_env = {"worker_process_setup_hook": _cpu_time_hook(str(cpu_log)),
-                       "env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}
+        folder = Path(tempfile.mkdtemp(prefix="infrarsi-bench-"))
+        if args.cpu_times:
+            cpu_log = folder / "steps.jsonl"
+            hooks.append(_cpu_time_hook(str(cpu_log)))
+        if args.phases:
+            phase_log = folder / "phases.jsonl"
+            hooks.append(_phase_hook(str(phase_log)))
+    runtime_env = {"worker_process_setup_hook": _hooks(hooks),
+                   "env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}} if hooks else {}
     ray.init(num_cpus=2 * (os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
              logging_level="ERROR", runtime_env=runtime_env or None)
     out: dict[str, dict[str, list]] = {}
@@ -153,6 +166,8 @@ def compare_pool(args) -> int:
                 for kind in order:
                     rec = kinds[kind].execute(config)
                     cpu = _last_cpu(cpu_log)
+                    if phase_log is not None:
+                        rec.extra["phases"] = _phases(_last_cpu(phase_log), rec)
                     if cpu is not None:
                         rec.extra["cpu_per_step_s"] = cpu[0]
                     print(f"  {name} pair {i} {kind:5}: {rec.summary()}"
@@ -193,6 +208,7 @@ def compare_pool(args) -> int:
             print(f"  {name}: A/A warm/fresh step time {math.exp(mean):.3f} "
                   f"(95% CI {lo:.3f}-{hi:.3f}, {len(logs)} pairs): "
                   f"{'includes 1 (no bias seen)' if lo <= 1 <= hi else 'EXCLUDES 1'}")
+        _print_phases(name, rows)
         cpu = [w.extra["cpu_per_step_s"] / f.extra["cpu_per_step_s"]
                for f, w in zip(rows["fresh"], rows["warm"], strict=True)
                if "cpu_per_step_s" in f.extra and "cpu_per_step_s" in w.extra]
@@ -243,6 +259,101 @@ def _cpu_time_hook(path: str):
         clock.StepClock.mark, clock.StepClock.close = timed_mark, timed_close
 
     return hook
+
+
+def _hooks(hooks: list):
+    def hook() -> None:
+        for h in hooks:
+            h()
+
+    return hook
+
+
+# (label, from, to): the phases of one trial on rank 0, between the hook's wall-clock stamps
+# (``submit`` and ``end`` are the driver's; the rest rank 0's, in the order they happen).
+_PHASES = (("submit -> rank 0 runs", "submit", "run"), ("workspace files", "run", "ws"),
+           ("timer + import entry", "ws", "build0"), ("model build", "build0", "build1"),
+           ("profiled warm-up", "build1", "stop0"), ("meter read", "stop0", "stop1"),
+           ("settle step", "stop1", "first"), ("measured steps", "first", "last"),
+           ("to the reply", "last", "end"))
+
+
+def _phase_hook(path: str):
+    """A worker setup hook: rank 0's wall-clock stamps of one trial's phases, one JSON line per
+    trial appended to ``path`` (``--phases``)."""
+
+    def hook() -> None:
+        import json
+        import time
+
+        import torch.distributed as dist
+
+        from infrarsi.backends.ray_train import _runner
+        from infrarsi.harness import train
+
+        stamps: dict[str, float] = {}
+
+        def wrap(owner, attr, before=None, after=None):
+            orig = getattr(owner, attr)
+
+            def wrapper(*a, **k):
+                if before:
+                    stamps.setdefault(before, time.time())
+                out = orig(*a, **k)
+                if after:
+                    stamps[after] = time.time()
+                return out
+
+            setattr(owner, attr, wrapper)
+
+        run_rank = _runner.run_rank
+
+        def timed_run_rank(payload, on_workspace=None):
+            stamps.clear()
+            stamps["run"] = time.time()
+            out = run_rank(payload, on_workspace)
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            if rank == 0:
+                with open(path, "a") as f:
+                    f.write(json.dumps(stamps) + "\n")
+            return out
+
+        _runner.run_rank = timed_run_rank
+        wrap(_runner, "_materialize", after="ws")
+        wrap(train._Run, "build", "build0", "build1")
+        wrap(train.CpuMemoryMeter, "stop", "stop0", "stop1")
+        mark = train.StepClock.mark
+
+        def timed_mark(self):
+            out = mark(self)
+            stamps.setdefault("first", time.time())
+            stamps["last"] = time.time()
+            return out
+
+        train.StepClock.mark = timed_mark
+
+    return hook
+
+
+def _phases(stamps: list | dict | None, rec) -> dict[str, float] | None:
+    """Seconds per phase of ``_PHASES`` (the driver's submit/end from the record)."""
+    if not stamps or rec.startup_seconds is None:
+        return None
+    t = dict(stamps)
+    t["submit"] = t["first"] - rec.startup_seconds
+    t["end"] = t["submit"] + rec.wall_seconds
+    return {label: t[b] - t[a] for label, a, b in _PHASES if a in t and b in t}
+
+
+def _print_phases(name: str, rows: dict[str, list]) -> None:
+    kinds = {k: [r.extra["phases"] for r in recs if r.extra.get("phases")] for k, recs in rows.items()}
+    if not all(kinds.values()):
+        return
+    print(f"  {name}: where a trial's wall goes (median seconds, rank 0)")
+    print(f"    {'phase':22} " + " ".join(f"{k:>7}" for k in kinds))
+    for label, _, _ in _PHASES:
+        vals = [statistics.median(p.get(label, 0.0) for p in ps) for ps in kinds.values()]
+        print(f"    {label:22} " + " ".join(f"{v:6.2f}s" for v in vals))
 
 
 def _last_cpu(path: Path | None) -> list | None:

@@ -195,6 +195,26 @@ def test_emulated_oom_is_censored_at_capacity():
     assert run(spec, capacity=peak + 1, micro_batch_size=4)["peak_memory_bytes"] == peak
 
 
+def test_memory_meter_counts_allocations_without_operator_events_and_restores_them():
+    from torch.profiler import ProfilerActivity, profile
+
+    from infrarsi.harness.memory import CpuMemoryMeter
+
+    meter = CpuMemoryMeter()
+    meter.start()
+    a = torch.ones(256, 256)
+    with meter.step(0):
+        b = torch.empty(1024, 1024)  # 4 MiB live inside the window
+        b.fill_(1.0)
+        del b
+    peak = meter.stop()
+    assert peak >= 256 * 256 * 4 + 1024 * 1024 * 4
+    # operators are recorded again once the meter stopped (a later profile sees them)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        (a @ a).sum()
+    assert any(e.name == "aten::mm" for e in prof.events())
+
+
 def test_failed_step_stops_the_profiler_and_bad_workspace_is_named(tmp_path):
     from infrarsi.errors import WorkloadError
 

@@ -299,7 +299,7 @@ def train_script(spec: Any, config: dict[str, Any], payload: dict[str, Any],
     steps, each closed by a barrier-synchronized clock mark), driven by the script's calls to
     :func:`step`. No early stop: the script's loop is the user's."""
     from infrarsi.harness.clock import StepClock
-    from infrarsi.harness.memory import _STEP_TAG, CpuMemoryMeter, raise_if_over_capacity
+    from infrarsi.harness.memory import CpuMemoryMeter, raise_if_over_capacity
     from infrarsi.workloads.knobs import derived
 
     rank, world = dist_info()
@@ -309,18 +309,12 @@ def train_script(spec: Any, config: dict[str, Any], payload: dict[str, Any],
     measured_end = measured_from + timing.measured_steps
     clock = StepClock(device)
     peak: dict[str, int] = {}
-    window: list[Any] = []
-
-    def open_window(i: int) -> None:
-        rf = torch.autograd.profiler.record_function(f"{_STEP_TAG}_{i}")
-        rf.__enter__()
-        window.append(rf)
 
     def on_step(i: int) -> None:
         if meter and i < timing.warmup_steps:
-            window.pop().__exit__(None, None, None)
+            meter.close_window()
             if i + 1 < timing.warmup_steps:
-                open_window(i + 1)
+                meter.open_window(i + 1)
             else:
                 peak["bytes"] = meter.stop()
                 raise_if_over_capacity(peak["bytes"], payload.get("capacity_bytes"))
@@ -336,7 +330,7 @@ def train_script(spec: Any, config: dict[str, Any], payload: dict[str, Any],
     try:
         if meter:
             meter.start()
-            open_window(0)
+            meter.open_window(0)
         run_script(payload["workspace"], wl.script, list(wl.script_args), session)
     finally:
         if meter:
