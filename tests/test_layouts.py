@@ -159,6 +159,10 @@ LAYOUTS = [
     pytest.param("dense4", {"pipeline_parallel_degree": 2, "pipeline_schedule": "interleaved_1f1b"},
                  id="pp2-interleaved"),
     pytest.param("moe", {"pipeline_parallel_degree": 2, "pipeline_schedule": "1f1b"}, id="moe-pp2"),
+    # Compiled blocks take the embedding's async all-reduce (reduce-scatter with SP) as input.
+    pytest.param("dense", {"tensor_parallel_degree": 2, "compile": "default"}, id="tp2-compile"),
+    pytest.param("dense", {"tensor_parallel_degree": 2, "sequence_parallel": True,
+                           "compile": "default"}, id="tp2-sp-compile"),
 ]
 
 
@@ -186,6 +190,23 @@ def test_two_rank_layout_passes_the_loss_check(kind, knobs):
     assert contract.check_loss(results[0]["loss_trace"], "fp32") is None
     assert results[0]["num_params"] == one["num_params"]
     assert results[0]["loss_trace"] == pytest.approx(one["loss_trace"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_two_rank_compiled_tp_trial_with_the_searchs_fast_knobs():
+    """The combination every tp2 trial of a cpu_dense run crashed on ('Tensor' object has no
+    attribute '_local_tensor' in backward): compiled blocks, bf16, fused AdamW, micro-batch 2."""
+    from infrarsi.contract.contract import lock
+    from infrarsi.harness._local import run_local
+
+    spec = tiny_spec()
+    one = run(spec, micro_batch_size=1)
+    contract = lock(spec, baseline_config={}, loss_trace=one["loss_trace"], model_stats=one)
+    knobs = {"tensor_parallel_degree": 2, "micro_batch_size": 2, "precision": "bf16",
+             "compile": "max-autotune-no-cudagraphs", "optimizer_impl": "fused"}
+    results = run_local(payload(spec, num_workers=2, **knobs), 2)
+    assert all(isinstance(r, dict) for r in results), results
+    assert contract.check_loss(results[0]["loss_trace"], "bf16") is None
 
 
 # ---- real Ray Train trials (cpu_dense, 2 workers, gloo) --------------------------------------

@@ -71,6 +71,30 @@ def apply_compile(model: nn.Module, mode: str, blocks: nn.Module | None = None) 
     layers = model.layers if blocks is None else blocks
     for i, block in enumerate(layers):
         layers[i] = torch.compile(block, mode=mode)
+        # Runs eagerly, before dynamo sees the inputs (hooks of the OptimizedModule itself).
+        layers[i].register_forward_pre_hook(_wait_async_inputs, with_kwargs=True)
+
+
+def _wait_async_inputs(module: nn.Module, args: tuple, kwargs: dict):
+    """Resolve ``AsyncCollectiveTensor`` inputs of a compiled block with a differentiable wait.
+
+    Tensor parallelism hands a block the ``to_local()`` of an async redistribute (the vocab-
+    sharded embedding's all-reduce or reduce-scatter): an ``AsyncCollectiveTensor`` whose
+    autograd edge is ``to_local``'s backward, which turns the incoming gradient back into a
+    DTensor. AOTAutograd (torch 2.13, ``_aot_autograd/frontend_utils.py`` and the runtime
+    wrapper in ``subclass_codegen.py``) replaces such an input by ``trigger_wait()``, i.e. the
+    wrapper's inner tensor, so the compiled block's input gradient skips that edge and reaches
+    DTensor's ``Redistribute.backward`` as a plain tensor: ``AttributeError: 'Tensor' object has
+    no attribute '_local_tensor'`` in the first backward of every compiled TP trial.
+    ``wait_tensor`` has an identity autograd formula, so calling it here gives the block a plain
+    tensor whose gradient flows through ``to_local``'s backward as in eager mode.
+    """
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor, wait_tensor
+    from torch.utils._pytree import tree_any, tree_map_only
+
+    if not tree_any(lambda x: isinstance(x, AsyncCollectiveTensor), (args, kwargs)):
+        return None
+    return tree_map_only(AsyncCollectiveTensor, wait_tensor, (args, kwargs))
 
 
 def is_compile_error(exc: BaseException) -> bool:
