@@ -154,7 +154,7 @@ def noise_model(series: Sequence[Sequence[float]], *, pairs: int = DEFAULT_PAIRS
     need_steps = required_steps(sb, sigma_w, pairs, target_mde, confidence)
     need_pairs = required_pairs(sb, sigma_w, steps, target_mde, confidence)
     too_noisy = mde > target_mde
-    return {
+    model = {
         "mde": mde,
         "within_cv": sigma_w,
         "between_cv": between,
@@ -173,8 +173,11 @@ def noise_model(series: Sequence[Sequence[float]], *, pairs: int = DEFAULT_PAIRS
         # What trial length the step-to-step jitter alone asks for (a machine quiet between runs).
         "required_measured_steps_within_only": required_steps(0.0, sigma_w, pairs, target_mde,
                                                               confidence),
-        "advice": _advice(mde, target_mde, steps, pairs, need_steps, need_pairs, len(trials)),
     }
+    # the same answer doctor and the report give (verification_advice)
+    model["advice"] = verification_advice(model, target=target_mde, pairs=pairs,
+                                          confidence=confidence)["text"]
+    return model
 
 
 def _robust_within_sd(logs: Sequence[Sequence[float]]) -> float:
@@ -201,21 +204,43 @@ def _median(xs: Sequence[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def _advice(mde: float, target: float, steps: int, pairs: int, need_steps: int | None,
-            need_pairs: int | None, repeats: int) -> str:
-    base = (f"with {pairs} verification pairs of {steps}-step trials the smallest trustworthy "
+def verification_advice(noise: dict[str, Any] | None, *, target: float, pairs: int,
+                        steps: int | None = None, confidence: float | None = None
+                        ) -> dict[str, Any]:
+    """``{"remedy", "mde", "required_pairs", "required_steps", "text"}`` for resolving an effect
+    of ``target`` (a fraction) with ``pairs`` interleaved pairs of ``steps`` measured steps
+    (default: doctor's trial length) under ``noise`` (doctor's :func:`noise_model` payload)."""
+    if not noise or noise.get("within_cv") is None or not noise.get("measured_steps"):
+        return {"remedy": "unknown", "mde": None, "required_pairs": None, "required_steps": None,
+                "text": "no doctor noise model with its components: run `infrarsi doctor` to "
+                        "learn whether more pairs or longer trials would resolve it"}
+    sb = noise.get("sigma_between")
+    sb = 0.0 if sb is None or math.isnan(sb) else float(sb)
+    sw = float(noise["within_cv"])
+    steps = int(steps or noise["measured_steps"])
+    conf = float(confidence or noise.get("confidence") or 0.95)
+    mde = mde_for(sb, sw, steps, pairs, conf)
+    need_pairs = required_pairs(sb, sw, steps, target, conf)
+    need_steps = required_steps(sb, sw, pairs, target, conf)
+    text = (f"with {pairs} verification pairs of {steps}-step trials the smallest trustworthy "
             f"speedup is {mde:.1%}")
-    if repeats < 2:
-        base += " (between-run noise unmeasured: one repeat; run doctor with --repeats 3)"
+    if (noise.get("repeats") or 2) < 2:
+        text += " (between-run noise unmeasured: one repeat; run doctor with --repeats 3)"
     if mde <= target:
-        return base + f", within the target {target:.1%}."
+        return {"remedy": "none", "mde": mde, "required_pairs": need_pairs,
+                "required_steps": need_steps, "text": text + f", within {target:.1%}."}
     fix = []
     if need_steps is not None:
         fix.append(f"set timing.measured_steps to {need_steps} in the task spec (and re-run init)")
     if need_pairs is not None:
         fix.append(f"verify with --pairs {need_pairs}")
     if not fix:
-        return base + (f": too noisy for the target {target:.1%}; neither longer trials nor up to "
-                       f"{MAX_PAIRS} pairs reach it: the trial-to-trial shifts (between-run noise) "
-                       "dominate. Quiet the machine (other jobs share it) or accept a larger target.")
-    return base + f": too noisy for the target {target:.1%}. To reach it: " + ", or ".join(fix) + "."
+        return {"remedy": "quiet", "mde": mde, "required_pairs": None, "required_steps": None,
+                "text": text + f": too noisy for {target:.1%}; neither longer trials nor up to "
+                               f"{MAX_PAIRS} pairs reach it: the trial-to-trial shifts "
+                               "(between-run noise) dominate. Quiet the machine (other jobs "
+                               "share it) or accept a larger effect."}
+    remedy = "pairs_or_steps" if len(fix) == 2 else ("steps" if need_steps else "pairs")
+    return {"remedy": remedy, "mde": mde, "required_pairs": need_pairs,
+            "required_steps": need_steps,
+            "text": text + f": too noisy for {target:.1%}. To reach it: " + ", or ".join(fix) + "."}

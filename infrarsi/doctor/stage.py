@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi.contract import Contract
-from infrarsi.doctor.advice import verification_advice
 from infrarsi.doctor.contention import ContentionProbe
 from infrarsi.doctor.findings import bottleneck_findings, contention_finding
 from infrarsi.doctor.mfu import compute_mfu, matmul_speeds
@@ -215,8 +214,6 @@ def _payload(records: Sequence[TrialRecord], contract: Contract, backend, config
              pairs: int, target_mde: float) -> dict[str, Any]:
     spec = contract.spec()
     noise = noise_model([r.step_times_s for r in records], pairs=pairs, target_mde=target_mde)
-    # the same advice the report gives when nothing is promoted (infrarsi.doctor.advice)
-    noise["advice"] = verification_advice(noise, target=target_mde, pairs=pairs)["text"]
     step = statistics.median(r.step_time_s for r in records)
     profile = summarize_profile(records)
     extra = records[0].extra or {}
