@@ -12,7 +12,13 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from infrarsi.proposers.base import Context, device_kind, editable_source, family
+from infrarsi.proposers.base import (
+    Context,
+    device_kind,
+    editable_source,
+    family,
+    lineage_of,
+)
 
 SYSTEM = (
     "You are a performance engineer for PyTorch LLM training. You propose changes that make a "
@@ -177,9 +183,7 @@ def earlier_verdicts(context: Context, limit: int = 20) -> list[dict[str, Any]]:
     bank = context.get("bank")
     if bank is None:
         return []
-    lineage = context.get("lineage")
-    if lineage is None and context.get("spec") is not None:
-        lineage = context["spec"].name
+    lineage = lineage_of(context)
     try:
         entries = bank.patches(lineage)
     except Exception:  # noqa: BLE001 - the prompt goes without them

@@ -91,6 +91,15 @@ class Proposer(abc.ABC):
         return []
 
 
+def lineage_of(context: Context) -> str | None:
+    """The code lineage the bank files patches under: the context's ``lineage``, else the task
+    name (None without either)."""
+    lineage = context.get("lineage")
+    if lineage is None and context.get("spec") is not None:
+        lineage = context["spec"].name
+    return lineage
+
+
 def device_kind(context: Context) -> str:
     """"cuda" or "cpu" from the spec, else from the hardware fingerprint's device name."""
     spec = context.get("spec")

@@ -30,6 +30,7 @@ from infrarsi.proposers.base import (
     device_kind,
     editable_source,
     family,
+    lineage_of,
     scope_of,
     workspace_of,
 )
@@ -296,9 +297,7 @@ def bank_patches(context: Context) -> list[Patch]:
     bank = context.get("bank")
     if bank is None:
         return []
-    lineage = context.get("lineage")
-    if lineage is None and context.get("spec") is not None:
-        lineage = context["spec"].name
+    lineage = lineage_of(context)
     out = []
     for e in bank.patches(workload_lineage=lineage, verified=True):
         meta = e.evidence.get("patch", {}) if isinstance(e.evidence, dict) else {}
