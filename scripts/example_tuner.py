@@ -63,8 +63,12 @@ def main(argv: list[str] | None = None) -> int:
                                  stop_slower_than_s=stop_slower_than_s)
         tune.report({"objective": backend.objective(record) or 0.0, "record": record.to_dict()})
 
+    # Trials at the driver's CPU priority (Ray's workers default to nice 15, so on a busy machine
+    # a real trial would time the other load instead of the config).
+    from infrarsi.backends.ray_train import with_trial_priority
+
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+             logging_level="ERROR", runtime_env=with_trial_priority())
     try:
         with tempfile.TemporaryDirectory() as storage:
             tuner = tune.Tuner(
