@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write a starting adapter and task YAML beside a plain PyTorch script")
     s.add_argument("--force", action="store_true", help="with --from-script: overwrite them")
     s.add_argument("--local-mode", action="store_true",
-                   help="run the baseline in this process (no Ray workers; for quick checks)")
+                   help="run the baseline in this process (one rank, no Ray workers; for quick checks "
+                        "of a 1-worker baseline)")
     s.set_defaults(func=cmd_init)
 
     s = sub.add_parser("trial", help="run one trial of one knob setting and print its record")
@@ -194,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start new worker processes for every trial (a TorchTrainer job each) "
                         "instead of reusing warm worker groups across trials")
     s.add_argument("--local-mode", action="store_true",
-                   help="run trials in-process (no Ray Train workers; for quick checks)")
+                   help="run trials in this process (one rank: 1-worker configs only, no Ray Train "
+                        "workers; for quick checks)")
     s.set_defaults(func=cmd_run)
 
     from infrarsi.doctor._cli import add_doctor_subcommand

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -122,3 +123,15 @@ def test_illegal_config_never_reaches_ray(tmp_path):
     backend = RayTrainBackend(load_task(copy_task(tmp_path)))
     with pytest.raises(IllegalConfigError, match="unknown knob"):
         backend.execute({"micro_batch": 2})
+
+
+def test_local_mode_has_one_rank_so_a_multi_worker_config_is_refused_with_the_fix(tmp_path):
+    """Local mode runs the train function in this process: one rank. A 2-worker config (the
+    reference task's baseline) is illegal there with the fix named, before anything runs, and
+    the local space offers no multi-worker config to the search."""
+    spec = load_task(copy_task(tmp_path))
+    local = RayTrainBackend(spec, local_mode=True)
+    with pytest.raises(IllegalConfigError, match="one rank.*without --local-mode"):
+        local.execute({"num_workers": 2})
+    assert {c["num_workers"] for c in local.space.sample(50, random.Random(0))} == {1}
+    assert 2 in {c["num_workers"] for c in RayTrainBackend(spec).space.sample(50, random.Random(0))}

@@ -118,8 +118,9 @@ def test_a_patch_that_does_not_apply_is_an_error_record_not_a_crash(tmp_path):
 # ---- the patch step of a run --------------------------------------------------------------
 @pytest.fixture
 def run_dir(tmp_path) -> Path:
-    """A run directory with a contract locked from a made-up loss trace (no trial run)."""
-    spec = load_task(copy_task(tmp_path))
+    """A run directory with a contract locked from a made-up loss trace (no trial run); a
+    1-worker baseline, as the sessions below run in local mode (one rank)."""
+    spec = load_task(copy_task(tmp_path, **{"search.baseline.num_workers": 1}))
     contract = lock(spec, baseline_config=dict(spec.search.baseline),
                     loss_trace=[7.0] * spec.loss_reference.steps, model_stats={})
     contract.save(tmp_path / "run")

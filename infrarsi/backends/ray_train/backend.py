@@ -34,7 +34,7 @@ from infrarsi.contract import Contract, TaskSpec
 from infrarsi.errors import ConfigError
 from infrarsi.harness.clock import true_step_times
 from infrarsi.live import PROGRESS_ENV
-from infrarsi.space import SearchSpace
+from infrarsi.space import Rule, SearchSpace
 from infrarsi.trial import (
     ErrorKind,
     HardwareFingerprint,
@@ -135,6 +135,20 @@ def _gpu_facts() -> tuple[str, int]:
     return tuple(ray.get(probe.remote(), timeout=STARTUP_ALLOWANCE_S))
 
 
+def _one_rank(config: Mapping[str, Any]) -> str | None:
+    if config.get("num_workers", 1) == 1:
+        return None
+    return (f"--local-mode runs one rank in this process, but this config asks for "
+            f"num_workers={config['num_workers']}; run without --local-mode (trials then run as "
+            "Ray Train jobs, on a local Ray when no cluster is set), or give the task a 1-worker "
+            "baseline (search.baseline.num_workers: 1)")
+
+
+# Local mode (ScalingConfig(num_workers=0)) has exactly one rank: configs that need more are
+# illegal there, so the search never proposes them and a multi-worker baseline fails up front.
+_ONE_RANK_IN_THIS_PROCESS = Rule("local_mode", _one_rank)
+
+
 class RayTrainBackend(Backend):
     """Runs trials of a task spec as Ray Train ``TorchTrainer`` jobs.
 
@@ -170,6 +184,8 @@ class RayTrainBackend(Backend):
         self.local_mode = local_mode
         self.storage_path = storage_path or os.path.join(tempfile.gettempdir(), "infrarsi-ray-results")
         self._space = build_torch_space(spec)
+        if local_mode:
+            self._space = self._space.with_knobs((), [_ONE_RANK_IN_THIS_PROCESS])
         measured = contract.work.shape if contract is not None and spec.workload.adapter else None
         self._workload = workload_signature(spec, measured)
         self._tokens_per_step = (contract.work.tokens_per_step if contract is not None
