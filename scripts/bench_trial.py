@@ -22,8 +22,8 @@ warm/fresh ratio of the pairs' median step times, with a 95% t-interval of its l
 twice this machine's CPUs as logical CPUs so an idle warm group and a fresh trial both fit (an
 idle actor uses no CPU; only one trial runs at a time). ``--phases`` adds where each kind's wall
 goes on rank 0 (submit -> rank 0 runs, workspace files, timer + entry import, model build, the
-profiled warm-up, the memory meter's read, the settle step, the measured steps, the reply):
-what is start-up and what is the contract's own warm-up.
+memory meter's read of the build, the warm-up steps, the measured steps, then off the clock the
+metered step and the reply): what is start-up and what is the contract's own warm-up.
 
 Peak memory against micro-batch size: ``scripts/bench_memory.py``.
 """
@@ -35,6 +35,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,8 +63,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="fresh vs warm (pooled) trials, interleaved pairs; overhead and A/A")
     ap.add_argument("--phases", action="store_true",
                     help="with --pool: where each trial's time goes on rank 0 (submit -> worker, "
-                         "workspace, import, model build, profiled warm-up, meter read, settle "
-                         "step, measured steps, reply); a setup hook in every worker")
+                         "workspace, import, model build, meter read, warm-up steps, measured "
+                         "steps, metered step, reply); a setup hook in every worker")
+    ap.add_argument("--gap", type=float, default=5.0, metavar="S",
+                    help="with --pool: seconds of rest before each timed trial, so no trial "
+                         "shares the CPUs with the last one's teardown (a fresh job's ~8 Ray "
+                         "processes exit after it returns)")
     ap.add_argument("--cpu-times", action="store_true",
                     help="with --pool: also each trial's CPU seconds per measured step on rank 0 "
                          "(more work, or more waiting for a CPU?); a setup hook in every worker")
@@ -75,10 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from infrarsi.backends.ray_train import RayTrainBackend
+    from infrarsi.backends.ray_train._priority import with_trial_priority
     from infrarsi.contract import load_task
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+             logging_level="ERROR", runtime_env=with_trial_priority())
     rows, stops = [], []
     try:
         for name in args.tasks.split(","):
@@ -133,6 +139,7 @@ def compare_pool(args) -> int:
 
     from infrarsi.backends.ray_train import RayTrainBackend
     from infrarsi.backends.ray_train._pool import shutdown_process_pool
+    from infrarsi.backends.ray_train._priority import with_trial_priority
     from infrarsi.contract import load_task
 
     cpu_log = phase_log = None
@@ -149,8 +156,10 @@ def compare_pool(args) -> int:
             hooks.append(_phase_hook(str(phase_log)))
     runtime_env = {"worker_process_setup_hook": _hooks(hooks),
                    "env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}} if hooks else {}
+    # Trials at the driver's priority, as every run's trials (Ray's default niceness 15 would
+    # time how much CPU other users' processes leave, not the trial).
     ray.init(num_cpus=2 * (os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR", runtime_env=runtime_env or None)
+             logging_level="ERROR", runtime_env=with_trial_priority(runtime_env))
     out: dict[str, dict[str, list]] = {}
     try:
         for name in args.tasks.split(","):
@@ -164,6 +173,7 @@ def compare_pool(args) -> int:
             for i in range(args.repeats):
                 order = ("fresh", "warm") if i % 2 == 0 else ("warm", "fresh")
                 for kind in order:
+                    time.sleep(args.gap)  # the previous trial's processes have exited
                     rec = kinds[kind].execute(config)
                     cpu = _last_cpu(cpu_log)
                     if phase_log is not None:
@@ -273,9 +283,9 @@ def _hooks(hooks: list):
 # (``submit`` and ``end`` are the driver's; the rest rank 0's, in the order they happen).
 _PHASES = (("submit -> rank 0 runs", "submit", "run"), ("workspace files", "run", "ws"),
            ("timer + import entry", "ws", "build0"), ("model build", "build0", "build1"),
-           ("profiled warm-up", "build1", "stop0"), ("meter read", "stop0", "stop1"),
-           ("settle step", "stop1", "first"), ("measured steps", "first", "last"),
-           ("to the reply", "last", "end"))
+           ("meter read (build)", "build1", "pause1"), ("warm-up steps", "pause1", "first"),
+           ("measured steps", "first", "last"), ("metered step", "last", "metered"),
+           ("to the reply", "metered", "end"))
 
 
 def _phase_hook(path: str):
@@ -321,7 +331,8 @@ def _phase_hook(path: str):
         _runner.run_rank = timed_run_rank
         wrap(_runner, "_materialize", after="ws")
         wrap(train._Run, "build", "build0", "build1")
-        wrap(train.CpuMemoryMeter, "stop", "stop0", "stop1")
+        wrap(train.CpuMemoryMeter, "pause", after="pause1")
+        wrap(train.CpuMemoryMeter, "peak_bytes", after="metered")
         mark = train.StepClock.mark
 
         def timed_mark(self):
