@@ -286,7 +286,7 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
                 else:
                     live.set("loss reference", s + 1, total_steps)
             if meter:  # off the clock, after every step that counts; all ranks, then the verdict
-                live.set("memory")
+                live.set("metering memory")
                 s = len(losses)
                 with meter.step(s, held_state_bytes(run.optimizer)):
                     losses.append(run.step(s))
