@@ -20,7 +20,9 @@ kind's median overhead (submit -> first measured step), median trial wall, the o
 of the wall, trials per hour (3600 / median wall) and their ratio, and the A/A check: the
 warm/fresh ratio of the pairs' median step times, with a 95% t-interval of its log. Ray gets
 twice this machine's CPUs as logical CPUs so an idle warm group and a fresh trial both fit (an
-idle actor uses no CPU; only one trial runs at a time). ``--phases`` adds where each kind's wall
+idle actor uses no CPU; only one trial runs at a time). Trials run at the driver's CPU priority
+(as a run's do) and after ``--gap`` seconds of rest (default 5), so a warm trial never times its
+steps while the previous fresh job's processes exit. ``--phases`` adds where each kind's wall
 goes on rank 0 (submit -> rank 0 runs, workspace files, timer + entry import, model build, the
 memory meter's read of the build, the warm-up steps, the measured steps, then off the clock the
 metered step and the reply): what is start-up and what is the contract's own warm-up.
