@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                          "processes exit after it returns)")
     ap.add_argument("--cpu-times", action="store_true",
                     help="with --pool: also each trial's CPU seconds per measured step on rank 0 "
-                         "(more work, or more waiting for a CPU?); a setup hook in every worker")
+                         "and the seconds its training thread waited for a CPU (more work, or more waiting?); "
+                         "a setup hook in every worker")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if args.pool:
@@ -181,10 +182,11 @@ def compare_pool(args) -> int:
                     if phase_log is not None:
                         rec.extra["phases"] = _phases(_last_cpu(phase_log), rec)
                     if cpu is not None:
-                        rec.extra["cpu_per_step_s"] = cpu[0]
+                        rec.extra["cpu_per_step_s"], rec.extra["wait_per_step_s"] = cpu[0], cpu[4]
                     print(f"  {name} pair {i} {kind:5}: {rec.summary()}"
                           + (f" | rank 0 over the measured steps: cpu/step {cpu[0] * 1e3:.0f} ms, "
-                             f"gc {cpu[1] * 1e3:.0f} ms ({cpu[2]} full), {cpu[3]} objects"
+                             f"gc {cpu[1] * 1e3:.0f} ms ({cpu[2]} full), {cpu[3]} objects, "
+                             f"waited for a CPU {cpu[4] * 1e3:.0f} ms/step"
                              if cpu is not None else ""), flush=True)
                     rows[kind].append(rec)
             shutdown_process_pool()
@@ -224,6 +226,11 @@ def compare_pool(args) -> int:
         cpu = [w.extra["cpu_per_step_s"] / f.extra["cpu_per_step_s"]
                for f, w in zip(rows["fresh"], rows["warm"], strict=True)
                if "cpu_per_step_s" in f.extra and "cpu_per_step_s" in w.extra]
+        waits = {k: [r.extra["wait_per_step_s"] for r in recs if "wait_per_step_s" in r.extra]
+                 for k, recs in rows.items()}
+        if all(waits.values()):
+            print(f"  {name}: rank 0's training thread waited for a CPU, median per measured "
+                  "step: " + ", ".join(f"{k} {med(v) * 1e3:.0f} ms" for k, v in waits.items()))
         if cpu:
             print(f"  {name}: warm/fresh CPU seconds per measured step (rank 0): geometric mean "
                   f"{math.exp(statistics.fmean(math.log(x) for x in cpu)):.3f}, pairs "
@@ -245,6 +252,15 @@ def _cpu_time_hook(path: str):
         from infrarsi.harness import clock
 
         mark, close = clock.StepClock.mark, clock.StepClock.close
+
+        def _runqueue_wait() -> float:
+            """Seconds the calling (training) thread waited for a CPU (schedstat), 0 if unknown."""
+            try:
+                with open("/proc/thread-self/schedstat") as f:
+                    return int(f.read().split()[1]) / 1e9
+            except OSError:
+                return 0.0
+
         gc_log: list[tuple[float, int, str]] = []  # (perf_counter, generation, start|stop)
         gc.callbacks.append(lambda phase, info: gc_log.append(
             (time.perf_counter(), info["generation"], phase)))
@@ -252,6 +268,7 @@ def _cpu_time_hook(path: str):
         def timed_mark(self):
             out = mark(self)
             self.__dict__.setdefault("_cpu", []).append(time.process_time())
+            self.__dict__.setdefault("_wait", []).append(_runqueue_wait())
             return out
 
         def timed_close(self):
@@ -263,8 +280,10 @@ def _cpu_time_hook(path: str):
                 gen2 = sum(1 for _, g in spans if g == 2) // 2
                 gc_s = sum(b[0] - a[0] for a, b in zip(spans[::2], spans[1::2], strict=False))
                 with open(path, "a") as f:
+                    waits = self.__dict__.get("_wait", [])
                     f.write(json.dumps([(cpus[-1] - cpus[0]) / (len(cpus) - 1), gc_s, gen2,
-                                        len(gc.get_objects())]) + "\n")
+                                        len(gc.get_objects()),
+                                        (waits[-1] - waits[0]) / (len(waits) - 1)]) + "\n")
             gc_log.clear()
             return close(self)
 
