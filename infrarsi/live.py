@@ -2,7 +2,7 @@
 
 A trial's rank 0 writes one small JSON file (atomically, at each phase change and each step)::
 
-    {"phase": "warm-up" | "measuring" | "loss reference" | "building",
+    {"phase": "building" | "warm-up" | "measuring" | "loss reference" | "metering memory",
      "step": k, "of": n, "t": time.time()}
 
 Where: the path in the trial payload's ``progress_path``, which the backend takes from

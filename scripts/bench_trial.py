@@ -20,10 +20,12 @@ kind's median overhead (submit -> first measured step), median trial wall, the o
 of the wall, trials per hour (3600 / median wall) and their ratio, and the A/A check: the
 warm/fresh ratio of the pairs' median step times, with a 95% t-interval of its log. Ray gets
 twice this machine's CPUs as logical CPUs so an idle warm group and a fresh trial both fit (an
-idle actor uses no CPU; only one trial runs at a time). ``--phases`` adds where each kind's wall
+idle actor uses no CPU; only one trial runs at a time). Trials run at the driver's CPU priority
+(as a run's do) and after ``--gap`` seconds of rest (default 5), so a warm trial never times its
+steps while the previous fresh job's processes exit. ``--phases`` adds where each kind's wall
 goes on rank 0 (submit -> rank 0 runs, workspace files, timer + entry import, model build, the
-profiled warm-up, the memory meter's read, the settle step, the measured steps, the reply):
-what is start-up and what is the contract's own warm-up.
+memory meter's read of the build, the warm-up steps, the measured steps, then off the clock the
+metered step and the reply): what is start-up and what is the contract's own warm-up.
 
 Peak memory against micro-batch size: ``scripts/bench_memory.py``.
 """
@@ -35,6 +37,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,11 +65,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="fresh vs warm (pooled) trials, interleaved pairs; overhead and A/A")
     ap.add_argument("--phases", action="store_true",
                     help="with --pool: where each trial's time goes on rank 0 (submit -> worker, "
-                         "workspace, import, model build, profiled warm-up, meter read, settle "
-                         "step, measured steps, reply); a setup hook in every worker")
+                         "workspace, import, model build, meter read, warm-up steps, measured "
+                         "steps, metered step, reply); a setup hook in every worker")
+    ap.add_argument("--gap", type=float, default=5.0, metavar="S",
+                    help="with --pool: seconds of rest before each timed trial, so no trial "
+                         "shares the CPUs with the last one's teardown (a fresh job's ~8 Ray "
+                         "processes exit after it returns)")
     ap.add_argument("--cpu-times", action="store_true",
                     help="with --pool: also each trial's CPU seconds per measured step on rank 0 "
-                         "(more work, or more waiting for a CPU?); a setup hook in every worker")
+                         "and the seconds its training thread waited for a CPU (more work, or more waiting?); "
+                         "a setup hook in every worker")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if args.pool:
@@ -75,10 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from infrarsi.backends.ray_train import RayTrainBackend
+    from infrarsi.backends.ray_train._priority import with_trial_priority
     from infrarsi.contract import load_task
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+             logging_level="ERROR", runtime_env=with_trial_priority())
     rows, stops = [], []
     try:
         for name in args.tasks.split(","):
@@ -133,6 +142,7 @@ def compare_pool(args) -> int:
 
     from infrarsi.backends.ray_train import RayTrainBackend
     from infrarsi.backends.ray_train._pool import shutdown_process_pool
+    from infrarsi.backends.ray_train._priority import with_trial_priority
     from infrarsi.contract import load_task
 
     cpu_log = phase_log = None
@@ -149,8 +159,10 @@ def compare_pool(args) -> int:
             hooks.append(_phase_hook(str(phase_log)))
     runtime_env = {"worker_process_setup_hook": _hooks(hooks),
                    "env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}} if hooks else {}
+    # Trials at the driver's priority, as every run's trials (Ray's default niceness 15 would
+    # time how much CPU other users' processes leave, not the trial).
     ray.init(num_cpus=2 * (os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR", runtime_env=runtime_env or None)
+             logging_level="ERROR", runtime_env=with_trial_priority(runtime_env))
     out: dict[str, dict[str, list]] = {}
     try:
         for name in args.tasks.split(","):
@@ -164,15 +176,17 @@ def compare_pool(args) -> int:
             for i in range(args.repeats):
                 order = ("fresh", "warm") if i % 2 == 0 else ("warm", "fresh")
                 for kind in order:
+                    time.sleep(args.gap)  # the previous trial's processes have exited
                     rec = kinds[kind].execute(config)
                     cpu = _last_cpu(cpu_log)
                     if phase_log is not None:
                         rec.extra["phases"] = _phases(_last_cpu(phase_log), rec)
                     if cpu is not None:
-                        rec.extra["cpu_per_step_s"] = cpu[0]
+                        rec.extra["cpu_per_step_s"], rec.extra["wait_per_step_s"] = cpu[0], cpu[4]
                     print(f"  {name} pair {i} {kind:5}: {rec.summary()}"
                           + (f" | rank 0 over the measured steps: cpu/step {cpu[0] * 1e3:.0f} ms, "
-                             f"gc {cpu[1] * 1e3:.0f} ms ({cpu[2]} full), {cpu[3]} objects"
+                             f"gc {cpu[1] * 1e3:.0f} ms ({cpu[2]} full), {cpu[3]} objects, "
+                             f"waited for a CPU {cpu[4] * 1e3:.0f} ms/step"
                              if cpu is not None else ""), flush=True)
                     rows[kind].append(rec)
             shutdown_process_pool()
@@ -212,6 +226,11 @@ def compare_pool(args) -> int:
         cpu = [w.extra["cpu_per_step_s"] / f.extra["cpu_per_step_s"]
                for f, w in zip(rows["fresh"], rows["warm"], strict=True)
                if "cpu_per_step_s" in f.extra and "cpu_per_step_s" in w.extra]
+        waits = {k: [r.extra["wait_per_step_s"] for r in recs if "wait_per_step_s" in r.extra]
+                 for k, recs in rows.items()}
+        if all(waits.values()):
+            print(f"  {name}: rank 0's training thread waited for a CPU, median per measured "
+                  "step: " + ", ".join(f"{k} {med(v) * 1e3:.0f} ms" for k, v in waits.items()))
         if cpu:
             print(f"  {name}: warm/fresh CPU seconds per measured step (rank 0): geometric mean "
                   f"{math.exp(statistics.fmean(math.log(x) for x in cpu)):.3f}, pairs "
@@ -233,6 +252,15 @@ def _cpu_time_hook(path: str):
         from infrarsi.harness import clock
 
         mark, close = clock.StepClock.mark, clock.StepClock.close
+
+        def _runqueue_wait() -> float:
+            """Seconds the calling (training) thread waited for a CPU (schedstat), 0 if unknown."""
+            try:
+                with open("/proc/thread-self/schedstat") as f:
+                    return int(f.read().split()[1]) / 1e9
+            except OSError:
+                return 0.0
+
         gc_log: list[tuple[float, int, str]] = []  # (perf_counter, generation, start|stop)
         gc.callbacks.append(lambda phase, info: gc_log.append(
             (time.perf_counter(), info["generation"], phase)))
@@ -240,6 +268,7 @@ def _cpu_time_hook(path: str):
         def timed_mark(self):
             out = mark(self)
             self.__dict__.setdefault("_cpu", []).append(time.process_time())
+            self.__dict__.setdefault("_wait", []).append(_runqueue_wait())
             return out
 
         def timed_close(self):
@@ -251,8 +280,10 @@ def _cpu_time_hook(path: str):
                 gen2 = sum(1 for _, g in spans if g == 2) // 2
                 gc_s = sum(b[0] - a[0] for a, b in zip(spans[::2], spans[1::2], strict=False))
                 with open(path, "a") as f:
+                    waits = self.__dict__.get("_wait", [])
                     f.write(json.dumps([(cpus[-1] - cpus[0]) / (len(cpus) - 1), gc_s, gen2,
-                                        len(gc.get_objects())]) + "\n")
+                                        len(gc.get_objects()),
+                                        (waits[-1] - waits[0]) / (len(waits) - 1)]) + "\n")
             gc_log.clear()
             return close(self)
 
@@ -273,9 +304,9 @@ def _hooks(hooks: list):
 # (``submit`` and ``end`` are the driver's; the rest rank 0's, in the order they happen).
 _PHASES = (("submit -> rank 0 runs", "submit", "run"), ("workspace files", "run", "ws"),
            ("timer + import entry", "ws", "build0"), ("model build", "build0", "build1"),
-           ("profiled warm-up", "build1", "stop0"), ("meter read", "stop0", "stop1"),
-           ("settle step", "stop1", "first"), ("measured steps", "first", "last"),
-           ("to the reply", "last", "end"))
+           ("meter read (build)", "build1", "pause1"), ("warm-up steps", "pause1", "first"),
+           ("measured steps", "first", "last"), ("metered step", "last", "metered"),
+           ("to the reply", "metered", "end"))
 
 
 def _phase_hook(path: str):
@@ -321,7 +352,8 @@ def _phase_hook(path: str):
         _runner.run_rank = timed_run_rank
         wrap(_runner, "_materialize", after="ws")
         wrap(train._Run, "build", "build0", "build1")
-        wrap(train.CpuMemoryMeter, "stop", "stop0", "stop1")
+        wrap(train.CpuMemoryMeter, "pause", after="pause1")
+        wrap(train.CpuMemoryMeter, "peak_bytes", after="metered")
         mark = train.StepClock.mark
 
         def timed_mark(self):

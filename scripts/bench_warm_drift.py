@@ -2,7 +2,8 @@
 
 Two spawned gloo ranks (no Ray) run the warm pool's per-trial sequence N times in the same
 processes (``PoolWorker.run``'s reset, seed, ``run_rank``, module purge) and print, per trial,
-how long each phase took on rank 0: model build, profiled warm-up steps, settle step, the median
+how long each phase took on rank 0: model build, the meter's read of the build, the warm-up
+steps, the median
 measured step, and the wall from the trial's start to its first measured step. A process whose
 later trials measure slower steps than its first carries something across trials.
 
@@ -10,7 +11,7 @@ later trials measure slower steps than its first carries something across trials
         [--variant pool|no-meter|no-timer]
 
 ``--variant`` switches off one suspect to see whether the drift goes with it (diagnosis only:
-``no-meter`` skips the CPU memory meter's profiled warm-up, ``no-timer`` the outside step timer).
+``no-meter`` skips the CPU memory meter (build and metered step), ``no-timer`` the outside step timer).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _phase_timers(times: dict[str, float]) -> None:
     """Wrap the harness's phase boundaries with timestamps (this process only)."""
     from infrarsi.harness import train
 
-    orig_build, orig_stop = train._Run.build, train.CpuMemoryMeter.stop
+    orig_build, orig_stop = train._Run.build, train.CpuMemoryMeter.pause
     orig_mark = train.StepClock.mark
 
     def build(self, entry):
@@ -51,7 +52,7 @@ def _phase_timers(times: dict[str, float]) -> None:
             times["mark0"], times["cpu0"] = time.perf_counter(), time.process_time()
         return out
 
-    train._Run.build, train.CpuMemoryMeter.stop, train.StepClock.mark = build, stop, mark
+    train._Run.build, train.CpuMemoryMeter.pause, train.StepClock.mark = build, stop, mark
 
 
 def _variant(name: str) -> None:
@@ -65,11 +66,14 @@ def _variant(name: str) -> None:
             def start(self):
                 pass
 
-            def step(self, index):
+            def pause(self):
+                return 0
+
+            def step(self, index, held_bytes=0):
                 from contextlib import nullcontext
                 return nullcontext()
 
-            def stop(self):
+            def peak_bytes(self):
                 return 0
 
             def close(self):
@@ -114,9 +118,8 @@ def _trial(payload: dict, flags: dict, times: dict) -> dict | None:
     if out is None:
         return None
     return {"start": times["build0"] - t0, "build": times["build1"] - times["build0"],
-            "warmup": times.get("stop0", times["build1"]) - times["build1"],
             "meter_stop": times.get("warm1", 0.0) - times.get("stop0", 0.0),
-            "settle": times["mark0"] - times.get("warm1", times["build1"]),
+            "warmup": times["mark0"] - times.get("warm1", times["build1"]),
             "to_first": times["mark0"] - t0, "wall": time.perf_counter() - t0,
             "step": statistics.median(out["step_times_s"]), "cpu_step": cpu.get("per_step", 0.0)}
 
@@ -200,11 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     warm.close()
     print(f"{args.task}, variant {args.variant}: warm = the same {world} ranks every trial, "
           f"fresh = new ranks per trial; pairs interleaved F W, W F, ...")
-    print(f"  {'trial':>5} {'kind':>5} {'start':>7} {'build':>7} {'warm-up':>8} {'meter':>6} "
-          f"{'settle':>7} {'to 1st step':>11} {'step':>8} {'cpu/step':>8} {'wall':>7}")
+    print(f"  {'trial':>5} {'kind':>5} {'start':>7} {'build':>7} {'meter':>6} {'warm-up':>8} "
+          f"{'to 1st step':>11} {'step':>8} {'cpu/step':>8} {'wall':>7}")
     for i, (kind, r) in enumerate(rows):
-        print(f"  {i:>5} {kind:>5} {r['start']:6.2f}s {r['build']:6.2f}s {r['warmup']:7.2f}s "
-              f"{r['meter_stop']:5.2f}s {r['settle']:6.2f}s {r['to_first']:10.2f}s {r['step'] * 1e3:6.0f}ms {r['cpu_step'] * 1e3:6.0f}ms "
+        print(f"  {i:>5} {kind:>5} {r['start']:6.2f}s {r['build']:6.2f}s {r['meter_stop']:5.2f}s "
+              f"{r['warmup']:7.2f}s {r['to_first']:10.2f}s {r['step'] * 1e3:6.0f}ms {r['cpu_step'] * 1e3:6.0f}ms "
               f"{r['wall']:6.2f}s")
     fresh_rows = [r for k, r in rows if k == "fresh"]
     warm_rows = [r for k, r in rows if k == "warm"]

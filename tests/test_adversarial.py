@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from _patch_specs import WORKSPACE, tiny_spec
 
-from infrarsi.harness.train import SETTLE_STEPS
+from infrarsi.harness.train import METERED_STEPS
 from infrarsi.patches import load_catalog, verify_patch
 
 CATALOG = load_catalog()
@@ -50,9 +50,9 @@ def test_catalog_verdict(entry):
     if entry.expect == "accept":
         assert v.accepted, f"honest patch {entry.patch.id} rejected: {v.rule}: {v.reason}"
         assert v.evidence["probe_max_grad_rel"] <= 1e-5
-        # every step the harness runs on CPU is compared: warm-up, settle and measured
+        # every step the harness runs on CPU is compared: warm-up, measured and metered
         timing = spec.timing
-        assert v.evidence["train_steps"] == (timing.warmup_steps + SETTLE_STEPS
+        assert v.evidence["train_steps"] == (timing.warmup_steps + METERED_STEPS
                                              + timing.measured_steps)
     else:
         assert not v.accepted, f"gaming patch {entry.patch.id} accepted"

@@ -14,7 +14,7 @@ from infrarsi.contract.spec import TaskSpec
 from infrarsi.harness import CompileFailure, model_stats, train_worker
 from infrarsi.harness import mechanisms as mech
 from infrarsi.harness.data import global_batch, micro_batches
-from infrarsi.harness.train import SETTLE_STEPS
+from infrarsi.harness.train import METERED_STEPS
 from infrarsi.workloads import build_torch_space
 
 WORKSPACE = Path(__file__).resolve().parents[1] / "infrarsi" / "workloads" / "reference"
@@ -56,8 +56,8 @@ def test_result_contract():
                       "flops_per_token"}
     assert (r["rank"], r["world_size"]) == (0, 1)
     assert len(r["step_times_s"]) == 2 and all(t > 0 for t in r["step_times_s"])
-    # warm-up + the settle step (CPU: after the memory profiler) + measured steps
-    assert len(r["loss_trace"]) == 1 + SETTLE_STEPS + 2
+    # warm-up + measured steps + the metered step (CPU: the memory meter, off the clock)
+    assert len(r["loss_trace"]) == 1 + 2 + METERED_STEPS
     assert r["tokens_per_step"] == 4 * 32
     assert r["num_params"] == model_stats(spec.to_dict())["num_params"]
     assert r["peak_memory_bytes"] > 4 * r["num_params"]  # params, grads, AdamW state at least
@@ -195,24 +195,38 @@ def test_emulated_oom_is_censored_at_capacity():
     assert run(spec, capacity=peak + 1, micro_batch_size=4)["peak_memory_bytes"] == peak
 
 
-def test_memory_meter_counts_allocations_without_operator_events_and_restores_them():
+def test_memory_meter_counts_the_build_the_held_state_and_the_metered_steps_rise():
     from torch.profiler import ProfilerActivity, profile
 
     from infrarsi.harness.memory import CpuMemoryMeter
 
     meter = CpuMemoryMeter()
     meter.start()
-    a = torch.ones(256, 256)
-    with meter.step(0):
-        b = torch.empty(1024, 1024)  # 4 MiB live inside the window
+    a = torch.ones(256, 256)  # the build: 256 KiB live
+    assert meter.pause() == 256 * 256 * 4
+    unseen = torch.ones(512, 512)  # allocated between the sessions (held: the optimizer state)
+    with meter.step(0, held_bytes=unseen.untyped_storage().nbytes()):
+        b = torch.empty(1024, 1024)  # 4 MiB live inside the metered step
         b.fill_(1.0)
         del b
-    peak = meter.stop()
-    assert peak >= 256 * 256 * 4 + 1024 * 1024 * 4
+    assert meter.peak_bytes() == 256 * 256 * 4 + 512 * 512 * 4 + 1024 * 1024 * 4
     # operators are recorded again once the meter stopped (a later profile sees them)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         (a @ a).sum()
     assert any(e.name == "aten::mm" for e in prof.events())
+
+
+def test_held_state_bytes_counts_each_optimizer_state_storage_once():
+    from infrarsi.harness.memory import held_state_bytes
+
+    model = torch.nn.Linear(16, 8)
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    assert held_state_bytes(opt) == 0  # no state before the first step
+    model(torch.ones(2, 16)).sum().backward()
+    opt.step()
+    params = sum(p.numel() for p in model.parameters())
+    steps = sum(s["step"].untyped_storage().nbytes() for s in opt.state.values())
+    assert held_state_bytes(opt) == 2 * 4 * params + steps  # exp_avg, exp_avg_sq, step
 
 
 def test_failed_step_stops_the_profiler_and_bad_workspace_is_named(tmp_path):

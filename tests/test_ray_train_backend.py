@@ -12,7 +12,7 @@ from conftest import copy_task, inject_into_dense
 from infrarsi.backends.ray_train import RayTrainBackend
 from infrarsi.contract import Contract, load_task
 from infrarsi.errors import ConfigError, IllegalConfigError
-from infrarsi.harness.train import SETTLE_STEPS
+from infrarsi.harness.train import METERED_STEPS
 from infrarsi.init_stage import init_task
 from infrarsi.trial import ErrorKind, TrialStatus
 
@@ -35,7 +35,7 @@ def test_two_worker_trial_measures_step_time_memory_and_loss(tmp_path, ray_local
     assert rec.ok, rec.error_message
     assert len(rec.step_times_s) == spec.timing.measured_steps
     assert len(rec.peak_memory_bytes) == 2 and min(rec.peak_memory_bytes) > 0
-    assert len(rec.loss_trace) == (spec.timing.warmup_steps + SETTLE_STEPS
+    assert len(rec.loss_trace) == (spec.timing.warmup_steps + METERED_STEPS
                                    + spec.timing.measured_steps)
     assert rec.tokens_per_step == spec.workload.tokens_per_step
     assert 0 < rec.startup_seconds < rec.wall_seconds

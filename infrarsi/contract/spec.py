@@ -119,8 +119,8 @@ class LossReferenceSpec:
 @dataclass(frozen=True)
 class TimingSpec:
     """The harness-owned timing protocol: warm-up steps (compile included) are not measured;
-    on CPU one more settle step after the memory profiler runs off the clock
-    (``infrarsi.harness.train.SETTLE_STEPS``)."""
+    on CPU one more step after the measured ones runs under the memory meter, off the clock
+    (``infrarsi.harness.train.METERED_STEPS``)."""
 
     warmup_steps: int = 2
     measured_steps: int = 5

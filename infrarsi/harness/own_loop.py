@@ -64,6 +64,7 @@ class Session:
     accum: int
     total_steps: int
     on_step: Any  # callable(step_index) -> None: the harness's clock and meter schedule
+    on_prepared: Any = None  # callable() -> None: the model is built and wrapped (the meter)
     losses: list[torch.Tensor] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     micro: int = 0  # micro-batches seen in the current optimizer step
@@ -130,6 +131,8 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
             group["foreach"], group["fused"] = foreach, fused
         s.optimizer = _AccumulatingOptimizer(optimizer, s)
     loader = _MicroBatches(dataloader, s) if dataloader is not None else None
+    if s.on_prepared is not None:
+        s.on_prepared()
     return wrapped, s.optimizer or optimizer, loader
 
 
@@ -293,47 +296,58 @@ def run_script(workspace: str | Path, script: str, args: list[str], session: Ses
 
 
 def train_script(spec: Any, config: dict[str, Any], payload: dict[str, Any],
-                 device: torch.device, settle_steps: int) -> dict[str, Any]:
+                 device: torch.device) -> dict[str, Any]:
     """One trial of an own-loop script on this rank: the same schedule as the adapter path
-    (warm-up steps under the CPU memory meter, ``settle_steps`` off the clock, then the measured
-    steps, each closed by a barrier-synchronized clock mark), driven by the script's calls to
+    (warm-up steps, the measured steps each closed by a barrier-synchronized clock mark, the
+    loss reference's steps, then on CPU one metered step off the clock: the memory meter covers
+    the script's model build up to ``prepare`` and that step), driven by the script's calls to
     :func:`step`. No early stop: the script's loop is the user's."""
     from infrarsi.harness.clock import StepClock
-    from infrarsi.harness.memory import CpuMemoryMeter, raise_if_over_capacity
+    from infrarsi.harness.memory import CpuMemoryMeter, held_state_bytes, raise_if_over_capacity
+    from infrarsi.harness.train import METERED_STEPS
     from infrarsi.workloads.knobs import derived
 
     rank, world = dist_info()
     wl, timing = spec.workload, spec.timing
     meter = CpuMemoryMeter() if device.type == "cpu" else None
-    measured_from = timing.warmup_steps + (settle_steps if meter else 0)
+    measured_from = timing.warmup_steps
     measured_end = measured_from + timing.measured_steps
+    counted = max(measured_end, spec.loss_reference.steps)  # the metered step comes after these
     clock = StepClock(device)
     peak: dict[str, int] = {}
+    metered: dict[str, Any] = {}
 
     def on_step(i: int) -> None:
-        if meter and i < timing.warmup_steps:
-            meter.close_window()
-            if i + 1 < timing.warmup_steps:
-                meter.open_window(i + 1)
-            else:
-                peak["bytes"] = meter.stop()
-                raise_if_over_capacity(peak["bytes"], payload.get("capacity_bytes"))
         if i == measured_from - 1 or measured_from <= i < measured_end:
             clock.mark()
+        if meter and i == counted - 1:  # the next step is the metered one
+            metered["window"] = meter.step(i + 1, held_state_bytes(session.optimizer))
+            metered["window"].__enter__()
+        elif meter and i == counted:
+            metered.pop("window").__exit__(None, None, None)
+            peak["bytes"] = meter.peak_bytes()
+            raise_if_over_capacity(peak["bytes"], payload.get("capacity_bytes"))
+
+    def on_prepared() -> None:
+        if meter and "built" not in metered:
+            metered["built"] = meter.pause()
 
     session = Session(config=config, device=device,
                       ctx=wlm.DataContext(rank, world, int(config["micro_batch_size"]),
                                           wl.global_batch_size, spec.loss_reference.seed),
                       accum=derived(config, wl.global_batch_size)["gradient_accumulation_steps"],
-                      total_steps=max(measured_end, spec.loss_reference.steps), on_step=on_step)
+                      total_steps=counted + (METERED_STEPS if meter else 0), on_step=on_step,
+                      on_prepared=on_prepared)
     torch.manual_seed(spec.loss_reference.seed)
     try:
         if meter:
             meter.start()
-            meter.open_window(0)
         run_script(payload["workspace"], wl.script, list(wl.script_args), session)
     finally:
         if meter:
+            window = metered.pop("window", None)
+            if window is not None:  # a failure inside the metered step
+                window.__exit__(None, None, None)
             meter.close()
     if device.type == "cuda":
         peak["bytes"] = torch.cuda.max_memory_allocated(device)

@@ -8,7 +8,6 @@ steps), the clock and the memory measurement; the user's workspace only builds t
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ from infrarsi.harness.clock import ClockTamperError, StepClock
 from infrarsi.harness.data import global_batch, micro_batches
 from infrarsi.harness.layout import Layout, build_mesh
 from infrarsi.harness.loss import training_loss
-from infrarsi.harness.memory import CpuMemoryMeter, raise_if_over_capacity
+from infrarsi.harness.memory import CpuMemoryMeter, held_state_bytes, raise_if_over_capacity
 from infrarsi.harness.pipeline import build_schedule, split_stages
 from infrarsi.harness.profile import memory_breakdown, no_phase, profile_step
 from infrarsi.harness.stats import count_stats, shape_dict
@@ -32,11 +31,11 @@ from infrarsi.live import LiveState
 from infrarsi.trial import EARLY_STOP_CHECK_STEPS, clearly_slower
 from infrarsi.workloads.knobs import derived
 
-# On CPU the warm-up steps run under the torch profiler (the memory meter); the first step after
-# it stops is slow (measured over 46 eager trials of cpu_dense/cpu_moe in the bank: 1.45x the
-# median of the later steps, even after 4 warm-up steps; the second is 0.99x), so one more step
-# runs off the clock before the measured ones.
-SETTLE_STEPS = 1
+# On CPU the memory meter profiles one extra step after every step that counts (off the clock),
+# never a warm-up or measured step: a profiler session before the clock slowed the first steps
+# after it (1.45x the later steps' median over 46 eager cpu_dense/cpu_moe trials), so the
+# measured window followed a settle step. Its loss joins the trace like any step's.
+METERED_STEPS = 1
 
 
 def _dist_info() -> tuple[int, int]:
@@ -241,10 +240,10 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
     if spec.workload.script:  # the user's own loop, with infrarsi.prepare and infrarsi.step
         from infrarsi.harness.own_loop import train_script
 
-        return train_script(spec, config, payload, device, SETTLE_STEPS)
+        return train_script(spec, config, payload, device)
     timing, ref = spec.timing, spec.loss_reference
     meter = CpuMemoryMeter() if device.type == "cpu" else None
-    measured_from = timing.warmup_steps + (SETTLE_STEPS if meter else 0)
+    measured_from = timing.warmup_steps
     measured_end = measured_from + timing.measured_steps
     total_steps = max(measured_end, ref.steps)
 
@@ -264,16 +263,12 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
                 meter.start()
             live.set("building")
             stats = run.build(entry)
+            if meter:
+                meter.pause()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             for s in range(timing.warmup_steps):
                 live.set("warm-up", s + 1, timing.warmup_steps)
-                with meter.step(s) if meter else nullcontext():
-                    losses.append(run.step(s))
-            peak = meter.stop() if meter else None
-            if meter:
-                raise_if_over_capacity(peak, capacity)
-            for s in range(timing.warmup_steps, measured_from):  # off the clock: SETTLE_STEPS
                 losses.append(run.step(s))
             clock.mark()
             for s in range(measured_from, total_steps):
@@ -290,6 +285,13 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
                         clock.restart()  # the decision's collective is on no step's clock
                 else:
                     live.set("loss reference", s + 1, total_steps)
+            if meter:  # off the clock, after every step that counts; all ranks, then the verdict
+                live.set("metering memory")
+                s = len(losses)
+                with meter.step(s, held_state_bytes(run.optimizer)):
+                    losses.append(run.step(s))
+                peak = meter.peak_bytes()
+                raise_if_over_capacity(peak, capacity)
         except Exception as e:
             if config["compile"] != "off" and mech.is_compile_error(e):
                 raise mech.CompileFailure(
@@ -307,7 +309,7 @@ def _train(payload: dict[str, Any]) -> dict[str, Any]:
             raise ClockTamperError(tampered)
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
-        extra = _profile(run, total_steps, device, peak, world) if payload.get("profile") else {}
+        extra = _profile(run, len(losses), device, peak, world) if payload.get("profile") else {}
         if payload.get("state_checksum"):
             extra["state_checksum"] = state_checksum(run.model, run.optimizer,
                                                      spec.loss_reference.seed)
