@@ -348,6 +348,8 @@ def _newton_held(dist, Xs, lo, hi, exact, center, prec, sign, strength, la, b0_p
         except np.linalg.LinAlgError:
             step = np.linalg.lstsq(H, grad, rcond=None)[0]
         t, dec = 1.0, float(grad @ step)
+        if dec < 1e-14 * max(1.0, abs(val)):
+            break  # converged: no line search can resolve a smaller decrease from rounding
         while t > 1e-8:
             new = value(th - t * step)
             if np.isfinite(new) and new <= val - 1e-4 * t * dec:
