@@ -60,6 +60,7 @@ def one_search(backend, budget: int, seed: int, experience) -> tuple[list[dict],
         if v is not None:
             best = v if best is None else max(best, v)
         rows.append({"p_oom": sug.predicted.get("p_oom"), "origin": sug.origin,
+                     "config": sug.config,
                      "oom": rec.status is TrialStatus.OOM, "failed": not rec.ok})
     ref = backend.best_objective()
     frac = (best or 0.0) / ref if ref else None
