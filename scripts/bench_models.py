@@ -344,6 +344,8 @@ def main() -> None:
     ap.add_argument("--no-cost", action="store_true")
     ap.add_argument("--loo", action="store_true",
                     help="only the leave-one-workload-out P(OOM) table (peaks vs labels alone)")
+    ap.add_argument("--cost-only", action="store_true",
+                    help="only the fit/predict cost table (time it under the shared bench lock)")
     ap.add_argument("--out", type=Path, help="write every figure as JSON here")
     a = ap.parse_args()
     threadpool_limits(1)  # small matrices: threads only contend on a shared 2-core box
@@ -353,6 +355,9 @@ def main() -> None:
         raise SystemExit(str(e)) from None
     enc = FeatureEncoder(build_space(df)).fit()
     report = {"command": "scripts/bench_models.py", "seeds": a.seeds, "frac": a.frac}
+    if a.cost_only:
+        print(pd.DataFrame(cost(df, enc)).to_string(float_format=lambda v: f"{v:.3f}"))
+        return
     if a.loo:
         loo = run_loo(df, enc)
         print("\n== leave one workload out: P(OOM) of the held-out workload ==")

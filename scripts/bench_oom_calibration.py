@@ -60,6 +60,7 @@ def one_search(backend, budget: int, seed: int, experience) -> tuple[list[dict],
         if v is not None:
             best = v if best is None else max(best, v)
         rows.append({"p_oom": sug.predicted.get("p_oom"), "origin": sug.origin,
+                     "config": sug.config,
                      "oom": rec.status is TrialStatus.OOM, "failed": not rec.ok})
     ref = backend.best_objective()
     frac = (best or 0.0) / ref if ref else None
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     modes = [m.strip() for m in a.modes.split(",")]
     for with_exp in [m == "exp" for m in ("cold", "exp") if m in modes]:
-        rows, fracs, fails, times = [], [], [], []
+        rows, fracs, fails, times, searches = [], [], [], [], []
         for i, b in enumerate(backends):
             exp = [r for j, recs in enumerate(own) if j != i for r in recs] if with_exp else None
             for seed in range(a.seeds):
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 if frac is not None:
                     fracs.append(frac)
                 fails.append(sum(x["failed"] for x in r) / max(len(r), 1))
+                searches.append({"workload": b.workload_name, "seed": seed, "frac": frac,
+                                 "failed": fails[-1]})
         label = "+exp" if with_exp else "cold"
         geo = math.exp(statistics.fmean(math.log(max(f, FLOOR)) for f in fracs))
         ooms = sum(x["oom"] for x in rows)
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, n, pred, obs in calibration(rows):
             print(f"  {name:>11} {n:>7d} {pred:>10.3f} {obs:>9.3f}")
         result[label] = {"geo": geo, "fail_share": statistics.fmean(fails), "rows": rows,
+                         "searches": searches,
                          "median_suggest_s": statistics.median(times)}
     print(f"\nwall {time.perf_counter() - t_all:.0f} s")
     if a.out:

@@ -375,3 +375,30 @@ def test_memory_bounds_of_records():
     assert memory_bounds(rec(TrialStatus.ERROR, error_kind="crash")) is None
     assert not has_memory_signal(np.array([[80.0, np.inf]]))
     assert has_memory_signal(np.array([[80.0, np.inf], [0.0, 80.0]]))
+
+
+# ---- a transferred prior's width, chosen by the trials' evidence ------------------------------
+
+@pytest.mark.parametrize("labels", [False, True])
+def test_prior_scale_by_evidence_narrows_a_right_prior_and_widens_a_wrong_one(labels):
+    """A few trials of a workload whose slopes experience stated: where the statement is
+    right the evidence keeps a narrower width than offered (so P(OOM) is not flattened by
+    doubt the trials do not support), where it is wrong by 0.5 per column the widest, which
+    lets the trials move the slopes towards the truth."""
+    X, mem, obs = simulate(40 if labels else 15, seed=3)
+    # labels: ok trials without a reading, OOMs at the capacity
+    y = np.column_stack([np.where(obs, 0.0, CAP), np.where(obs, CAP, np.inf)])
+    scales = (0.1, 0.3, 1.0)
+    kw = {"distribution": "lognormal", "monotone": None, "prior_scales": scales,
+          "prior_intercept": TRUE_B0}
+    fit = (lambda m: m.fit(X, y)) if labels else (lambda m: m.fit(X, mem, obs))
+    right = fit(PeakMemoryModel(prior_mean=TRUE_B, prior_std=np.full(3, 0.5), **kw))
+    assert right.prior_scale_ < 1.0 and not right.fallen_back_
+    wrong_mean = TRUE_B + np.array([0.5, -0.5, 0.5])
+    wrong = fit(PeakMemoryModel(prior_mean=wrong_mean, prior_std=np.full(3, 0.5), **kw))
+    assert wrong.prior_scale_ == 1.0
+    # one width as given: the old behaviour
+    one = fit(PeakMemoryModel(prior_mean=wrong_mean, prior_std=np.full(3, 0.5),
+                              **{**kw, "prior_scales": (1.0,)}))
+    assert one.prior_scale_ == 1.0
+    np.testing.assert_allclose(one.coef_, wrong.coef_, atol=1e-6)

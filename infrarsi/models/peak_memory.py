@@ -107,6 +107,11 @@ class PeakMemoryModel(BaseEstimator):
     encoder: the :class:`FeatureEncoder` behind X, so :meth:`memory_prices` can name knobs.
     warm_start: a fitted PeakMemoryModel of (a subset of) the same rows, e.g. the previous fit
         of a search that since ran one more trial: an interval fit starts at its optimum.
+    prior_scales: multipliers of ``prior_std`` (and of the width of ``prior_intercept``, where
+        a fit without an observed peak leans on it); the fit keeps the one whose Laplace evidence
+        (marginal likelihood of the trials) is highest -- empirical Bayes, as the step-time
+        model does. ``(1.0,)`` trusts the prior's width as given; several let the trials say
+        how far a transferred prior holds (the chosen one is ``prior_scale_``).
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class PeakMemoryModel(BaseEstimator):
         encoder: FeatureEncoder | None = None,
         random_state: int = 0,
         warm_start: PeakMemoryModel | None = None,
+        prior_scales: tuple[float, ...] = (1.0,),
     ):
         self.distribution = distribution
         self.prior_mean = prior_mean
@@ -140,6 +146,7 @@ class PeakMemoryModel(BaseEstimator):
         self.encoder = encoder
         self.random_state = random_state
         self.warm_start = warm_start
+        self.prior_scales = prior_scales
 
     @classmethod
     def from_priors(
@@ -189,8 +196,11 @@ class PeakMemoryModel(BaseEstimator):
             self._fallback(X, logm, observed, m, s, "a single trial: prior slopes through its peak")
             return self
         rng = np.random.default_rng(self.random_state)
+        t = logm - self.log_scale_
+        s = s * self._prior_scale(self.distribution, X, t, np.where(observed, t, np.inf),
+                                  m, s, sign)
         try:
-            self._fit_lifelines(X, logm - self.log_scale_, observed, m, s, sign, rng)
+            self._fit_lifelines(X, t, observed, m, s, sign, rng)
         except Exception as exc:  # noqa: BLE001 - ConvergenceError, LinAlgError, lifelines ValueError
             self._fallback(X, logm, observed, m, s, f"lifelines fit failed ({type(exc).__name__}: "
                            f"{str(exc).strip().splitlines()[0][:120]})")
@@ -262,12 +272,16 @@ class PeakMemoryModel(BaseEstimator):
             b0_prior = (c0, 1.0 / (len(X) * sd0**2))
         const = X.std(axis=0) < 1e-9
         cols = np.flatnonzero(~const)
-        args = (m[cols], s[cols], sign[cols], self.monotone_strength, self.min_spread)
-        dists = ["lognormal", "weibull"] if self.distribution == "auto" else [self.distribution]
         # labels alone at one capacity cannot place the spread (a flat direction, see
         # shape_identified): hold it at the shape prior's centre, the slopes are then in its units
         held = not shape_identified(t_lo, t_hi)
         self.shape_held_ = held
+        c = self._prior_scale(self.distribution, X, t_lo, t_hi, m, s, sign, b0_prior, held)
+        s = s * c
+        if b0_prior is not None and self.prior_intercept is not None:
+            b0_prior = (b0_prior[0], b0_prior[1] / c**2)  # a stated location is transferred too
+        args = (m[cols], s[cols], sign[cols], self.monotone_strength, self.min_spread)
+        dists = ["lognormal", "weibull"] if self.distribution == "auto" else [self.distribution]
         fits = {}
         for d in dists:
             x0 = self._start(d, X, cols, const)
@@ -293,6 +307,47 @@ class PeakMemoryModel(BaseEstimator):
         self.log_shape_ = float(th[-1])  # unfloored, for a warm start
         self._store_fit(fit, X, m, s, const, cols)
         return self
+
+    def _prior_scale(self, dist, X, t_lo, t_hi, m, s, sign, b0_prior=None,
+                     held=False) -> float:
+        """The multiplier of ``prior_std`` (one of ``prior_scales``) with the highest Laplace
+        evidence, stored as ``prior_scale_``.
+
+        ``log Z ~ -n F(theta*) - sum_j log s_j + log det(cov) / 2`` (F the penalized mean
+        objective, s_j the prior stds, cov the location parameters' Laplace covariance), up to
+        terms equal for every scale. Why: a prior transferred from other workloads is as wide
+        as the caller guessed; too wide, and every prediction away from the own trials carries
+        that width as parameter uncertainty, flattening P(OOM) towards 0.5 (predicted 0.15 ran
+        out of memory 3% of the time on the Ultra-Scale labels with experience); too narrow,
+        and the own trials cannot move it. The own trials' evidence says which.
+        """
+        scales = tuple(self.prior_scales)
+        self.prior_scale_ = float(scales[0]) if scales else 1.0
+        if len(scales) < 2 or len(X) < 2:
+            return self.prior_scale_
+        const = X.std(axis=0) < 1e-9
+        cols = np.flatnonzero(~const)
+        d = "lognormal" if dist == "auto" else dist
+        best, best_z = self.prior_scale_, -np.inf
+        for c in scales:
+            sc = s[cols] * c
+            bp = b0_prior
+            if bp is not None and self.prior_intercept is not None:
+                bp = (bp[0], bp[1] / c**2)
+            try:
+                fit, _ = fit_numpy(d, X[:, cols], t_lo, t_hi, m[cols], sc, sign[cols],
+                                   self.monotone_strength, self.min_spread, b0_prior=bp,
+                                   fixed_la=SHAPE_PRIOR[d] if held else None)
+                sign_det, logdet = np.linalg.slogdet(fit.loc_cov)
+            except Exception:  # noqa: BLE001 - a scale that cannot be fitted has no evidence
+                continue
+            z = -(fit.aic - 2 * (len(cols) + 2)) / 2 - float(np.sum(np.log(sc))) + 0.5 * logdet
+            if bp is not None and self.prior_intercept is not None:
+                z -= np.log(c)  # the stated location's prior std, scaled with the slopes'
+            if sign_det > 0 and np.isfinite(z) and z > best_z:
+                best, best_z = float(c), z
+        self.prior_scale_ = best
+        return best
 
     def _start(self, dist: str, X, cols, const) -> np.ndarray | None:
         """``warm_start``'s optimum as a start of this fit: ``[slopes of cols, intercept at

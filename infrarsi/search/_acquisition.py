@@ -171,6 +171,15 @@ def choose(fit: Fit, free: np.ndarray, *, best_y: float | None, spent: float, n_
         if n_trials >= NO_FIT_MIN_TRIALS and float(np.max(p_fit[free])) < NO_FIT_P:
             return Choice(stop=("every remaining candidate is predicted to run out of memory "
                                 f"(best P(fit) {float(np.max(p_fit[free])):.3f}); stopping to save trials"))
+        # Every candidate is beyond the risk cap: each is a risky pick, worth a trial only on
+        # the terms a late risky pick gets (an expected gain of RISK_MIN_GAIN, P(fit)
+        # included). Without this, searches whose best was found spent their remaining
+        # budget on configs predicted at P(OOM) 0.9-1.0, and ran out of memory on each.
+        best = float(np.max(acq[free]))
+        if n_trials >= NO_FIT_MIN_TRIALS and best < RISK_MIN_GAIN:
+            return Choice(stop=("every remaining candidate is beyond the risk cap and none "
+                                f"promises enough to risk a trial (best expected gain {best:.4f}, "
+                                f"below {RISK_MIN_GAIN}); stopping to save trials"))
         safe = free
     i_safe = int(np.argmax(np.where(safe, acq, -np.inf)))
     i_hungry = int(np.argmax(ei))

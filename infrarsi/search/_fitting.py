@@ -25,6 +25,7 @@ from infrarsi.search._policy import (
     EXPERIENCE_CACHE_SIZE,
     OWN_CRASH_WEIGHT,
     OWN_MEMORY_NOISE,
+    TRANSFER_MEMORY_SCALES,
     TRANSFER_MEMORY_STD_FLOOR,
     TRANSFER_MEMORY_STD_SCALE,
     TRANSFER_TIME_SCALES,
@@ -286,7 +287,8 @@ class Fitter:
                                    prior_intercept=exp_mm.log_scale_ + exp_mm.intercept_,
                                    monotone=monotone_signs(self.encoder),
                                    distribution=exp.memory_model.dist_, encoder=self.encoder,
-                                   random_state=self.seed, warm_start=self._memory_prev)
+                                   random_state=self.seed, warm_start=self._memory_prev,
+                                   prior_scales=TRANSFER_MEMORY_SCALES)
         # The family (log-normal or Weibull) is chosen by AIC once; refits reuse it, which
         # keeps a suggestion fast as trials accumulate.
         return PeakMemoryModel.from_priors(self.encoder, self.priors, random_state=self.seed,

@@ -41,6 +41,11 @@ TRANSFER_TIME_SCALES = (0.5, 1.0, 2.0)
 # experience pinned too tightly.
 TRANSFER_MEMORY_STD_SCALE = 2.0
 TRANSFER_MEMORY_STD_FLOOR = 0.1
+# ... that width is the widest the own trials may keep: they choose a multiple of it by their
+# evidence (empirical Bayes, as TRANSFER_TIME_SCALES). Kept at full width, the slopes' prior
+# uncertainty flattened every P(OOM) away from the own trials (Ultra-Scale labels with
+# experience, 10 seeds: predicted 0.15 ran out of memory 3% of the time, predicted 0.65, 83%).
+TRANSFER_MEMORY_SCALES = (0.1, 0.3, 1.0)
 # Own trials bound the P(OOM) of configs the model places above an own OOM (from below) or
 # below an own ok trial (from above), see PeakMemoryModel.p_oom_near: memory is nearly
 # deterministic, so the fitted spread's independent misfits overstate how two neighbours can
