@@ -191,6 +191,8 @@ class Fitter:
         self._memory_prev: PeakMemoryModel | None = None
         self._exp_fit: ExperienceFit | None = None
         self._exp_crash: tuple[np.ndarray, np.ndarray] | None = None
+        # P(experience's model | own trials) at the last fit (None: no experience or no trial)
+        self.experience_weight: float | None = None
 
     def pool_changed(self) -> None:
         self._exp_fit = None
