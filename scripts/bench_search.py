@@ -97,6 +97,12 @@ def _experience_source(a: argparse.Namespace, backends):
     return experience
 
 
+def _n_configs(backend) -> int:
+    """Legal configs of a workload: a table's measured rows, a simulator's enumerated space."""
+    space = backend.space
+    return len(space.allowed) if space.allowed is not None else len(space.enumerate())
+
+
 def _budget_groups(backends, budgets, third: bool):
     """[(budgets, backends)]: with ``third``, each budget capped at a third of the workload's
     configs (the issue's "budget 15 or a third of the configs, whichever is smaller")."""
@@ -104,32 +110,42 @@ def _budget_groups(backends, budgets, third: bool):
         return [(budgets, list(backends))]
     groups: dict[tuple, list] = {}
     for b in backends:
-        n = len(b.space.allowed or ())
+        n = _n_configs(b)
         key = tuple(sorted({max(1, min(x, n // 3)) for x in budgets}))
         groups.setdefault(key, []).append(b)
     return [(list(k), v) for k, v in groups.items()]
 
 
-def _print_distinct(runs) -> None:
-    """Distinct trajectories (config sequences) over the seeds, per workload and searcher."""
-    from collections import defaultdict
-
+def _trajectories(runs) -> list[tuple[str, str, int, tuple[str, ...]]]:
+    """(workload, searcher label, budget, config-key sequence) of every run."""
     from infrarsi.space import config_key
 
-    seqs = defaultdict(set)
-    n = defaultdict(int)
-    for r in runs:
-        key = (r.workload, r.searcher + ("+exp" if r.experience else ""), r.budget)
-        seqs[key].add(tuple(config_key(t.config) for t in r.trajectory.records))
-        n[key] += 1
+    return [(r.workload, r.searcher + ("+exp" if r.experience else ""), r.budget,
+             tuple(config_key(t.config) for t in r.trajectory.records)) for r in runs]
+
+
+def _print_distinct(trajectories, n_configs: dict[str, int], large: int = 50) -> None:
+    """Distinct trajectories (config sequences) over the seeds, per workload and searcher: the
+    worst and mean workload, over all workloads and over those with ``large`` configs or more."""
+    from collections import defaultdict
+
+    seqs, n = defaultdict(set), defaultdict(int)
+    for wl, label, budget, seq in trajectories:
+        seqs[(wl, label, budget)].add(tuple(seq))
+        n[(wl, label, budget)] += 1
     print("\ndistinct trajectories over seeds (workload, searcher, budget): distinct/searches")
-    by_searcher = defaultdict(list)
-    for key, s in sorted(seqs.items()):
-        by_searcher[key[1]].append((len(s), n[key], key[0], key[2]))
-    for name, rows in by_searcher.items():
-        worst = min(rows)
-        print(f"  {name:22s} min {worst[0]}/{worst[1]} ({worst[2]}, budget {worst[3]}), "
-              f"mean {sum(r[0] for r in rows) / len(rows):.1f}")
+    for subset, keep in (("all workloads", lambda wl: True),
+                         (f"workloads with >= {large} configs",
+                          lambda wl: n_configs.get(wl, 0) >= large)):
+        by_searcher = defaultdict(list)
+        for key, s in sorted(seqs.items()):
+            if keep(key[0]):
+                by_searcher[key[1]].append((len(s), n[key], key[0], key[2]))
+        print(f" {subset}: {len({k[0] for k in seqs if keep(k[0])})}")
+        for name, rows in by_searcher.items():
+            worst = min(rows)
+            print(f"  {name:22s} min {worst[0]}/{worst[1]} ({worst[2]}, budget {worst[3]}), "
+                  f"mean {sum(r[0] for r in rows) / len(rows):.1f}")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -178,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     if a.from_json:
         ms, meta = load_metrics(Path(a.from_json).read_text())
+        data = json.loads(Path(a.from_json).read_text())
+        from infrarsi.space import config_key
+
+        _print_distinct([(r["workload"], r["searcher"] + ("+exp" if r["experience"] else ""),
+                          r["budget"], tuple(config_key(t["config"]) for t in r["trajectory"]))
+                         for r in data["runs"]], meta.get("n_configs", {}))
         print(format_report(summarize(ms), per_workload=a.per_workload))
         print(f"\nfrom {a.from_json}: engine {meta.get('engine')}, bench wall "
               f"{meta.get('bench_wall_s', float('nan')):.1f} s")
@@ -192,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     for b in skipped:
         print(f"skipped {getattr(b, 'workload_name', b.workload.name)}: no config in its space ran ok")
     if a.min_configs:
-        backends = [b for b in backends if len(b.space.allowed or ()) >= a.min_configs]
+        backends = [b for b in backends if _n_configs(b) >= a.min_configs]
     searchers = [s for s in a.searchers.split(",") if s]
     budgets = [int(x) for x in a.budgets.split(",")]
     seeds = list(range(a.seeds))
@@ -212,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         runs += run_bench(group, searchers=searchers, budgets=group_budgets, seeds=seeds,
                           engine=a.engine, progress=lambda m: print("  done", m, flush=True),
                           experience=experience)
-    _print_distinct(runs)
+    n_configs = {getattr(b, "workload_name", b.workload.name): _n_configs(b) for b in backends}
+    _print_distinct(_trajectories(runs), n_configs)
     bench_wall = time.perf_counter() - t0
     ms = [metrics(r) for r in runs]
     summary = summarize(ms)
@@ -238,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         meta = {"argv": sys.argv, "engine": a.engine, "budgets": budgets, "seeds": seeds,
                 "searchers": searchers, "source": a.source, "bench_wall_s": bench_wall,
-                "tune_overhead": overhead, "skipped": [getattr(b, "workload_name", "") for b in skipped]}
+                "tune_overhead": overhead, "n_configs": n_configs, "skipped": [getattr(b, "workload_name", "") for b in skipped]}
         Path(a.out).write_text(to_json(ms, runs, summary, meta))
         print(f"wrote {a.out}")
     return 0

@@ -257,6 +257,23 @@ def test_step_time_prior_scale_by_evidence_trusts_a_prior_the_data_bear_out_and_
     assert err(m) < err(fixed)
 
 
+def test_step_time_evidence_weighs_experience_the_trials_bear_out_above_one_they_refute():
+    """The search averages experience's model with the cold one by this evidence (see
+    Fitter._trust_experience): a ranking the own trials contradict must lose its weight."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(5, 3))
+    truth = np.array([0.6, -0.4, 0.3])
+    y = X @ truth + rng.normal(0, 0.02, 5)
+    right, wrong = X @ truth, X @ -truth  # what two experiences predict for these trials
+
+    def evidence(offset):
+        m = StepTimeModel(default_prior_std=0.3, residual="none", prior_scales=(0.5, 1.0, 2.0))
+        return m.fit(X, y - offset).log_evidence_
+
+    cold = StepTimeModel(default_prior_std=1.0, residual="none").fit(X, y).log_evidence_
+    assert evidence(right) > cold > evidence(wrong)
+
+
 def test_physics_estimates_follow_the_textbook_layouts():
     from infrarsi.models.physics import memory_estimate_bytes, pipeline_bubble
 

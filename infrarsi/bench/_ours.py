@@ -23,7 +23,11 @@ def make_infrarsi(space, backend, budget, seed, experience=None):
     engine = SearchEngine(space, backend.workload, backend.hardware, budget=budget, seed=seed,
                           experience=experience or (), objective=backend.objective,
                           baseline=backend.baseline_config(), priors=priors,
-                          # cold, the baseline is the first seed (as `infrarsi run` without a
-                          # doctor baseline): its peak anchors the memory model's priors
-                          include_baseline=not experience, experience_cache=EXPERIENCE_CACHE)
+                          # the baseline is the first seed, with experience or without (as
+                          # `infrarsi run` without a doctor baseline): its peak anchors the
+                          # memory model's priors, and with experience from other hardware its
+                          # time is the own contrast that tells the residual model where
+                          # experience's ranking does not hold (without it, every early trial
+                          # sat where experience pointed and the residual could not learn that)
+                          include_baseline=True, experience_cache=EXPERIENCE_CACHE)
     return InfraRSISearcher(engine, metric=METRIC, mode="max")

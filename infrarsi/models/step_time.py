@@ -127,7 +127,10 @@ class StepTimeModel(RegressorMixin, BaseEstimator):
             log_var, nle = self._noise_by_evidence(n, P0, r, ZtZ, Ztr)
             if best is None or nle < best[0]:
                 best = (nle, P0, log_var, scale)
-        _, P0, log_var, self.prior_scale_ = best
+        nle, P0, log_var, self.prior_scale_ = best
+        # log marginal likelihood of y (up to the constant every model of the same y shares):
+        # lets a caller weigh this model against another of the same trials
+        self.log_evidence_ = -nle
         v = float(np.exp(log_var))
         A = np.diag(P0) + ZtZ / v
         cov = np.linalg.inv(A)

@@ -192,6 +192,8 @@ class Fitter:
         self._memory_prev: PeakMemoryModel | None = None
         self._exp_fit: ExperienceFit | None = None
         self._exp_crash: tuple[np.ndarray, np.ndarray] | None = None
+        # P(experience's model | own trials) at the last fit (None: no experience or no trial)
+        self.experience_weight: float | None = None
 
     def pool_changed(self) -> None:
         self._exp_fit = None
@@ -227,7 +229,7 @@ class Fitter:
                                    prior_scales=TRANSFER_TIME_SCALES)
                 tm.fit(X, y - exp.time_model.predict(X))
                 rmu, rsd = tm.predict(X_pool, return_std=True)
-                mu, sd = exp.mu + rmu, rsd
+                mu, sd = self._trust_experience(X, y, X_pool, tm, exp.mu + rmu, rsd)
             else:
                 tm = StepTimeModel.from_priors(self.encoder, self.priors, random_state=self.seed)
                 tm.fit(X, y)
@@ -261,6 +263,26 @@ class Fitter:
         return Fit(np.asarray(mu, float), np.maximum(np.asarray(sd, float), 1e-6),
                    np.clip(np.asarray(p_oom, float), 0.0, 1.0), med,
                    self.p_crash(records, X_pool), time_model=tm, memory_model=mm)
+
+    def _trust_experience(self, X: np.ndarray, y: np.ndarray, X_pool: np.ndarray,
+                          tm: StepTimeModel, mu: np.ndarray, sd: np.ndarray):
+        """The pool's (mean, std): experience's model (``mu``, ``sd``, its residual ``tm``)
+        averaged with the cold model of the same own trials, each weighed by how well it
+        explains them (Bayesian model averaging by the linear parts' evidence, equal prior
+        odds). Why: the residual alone can only correct experience where the own trials are;
+        when experience from other hardware ranks configs wrongly, the own trials, all where
+        experience pointed, cannot say so, and the search stayed there. The evidence can."""
+        cold = StepTimeModel.from_priors(self.encoder, self.priors, random_state=self.seed)
+        cold.fit(X, y)
+        la, lb = getattr(tm, "log_evidence_", None), getattr(cold, "log_evidence_", None)
+        if la is None or lb is None:
+            return mu, sd
+        w = float(1.0 / (1.0 + np.exp(np.clip(lb - la, -50.0, 50.0))))  # P(experience | trials)
+        self.experience_weight = w
+        cmu, csd = cold.predict(X_pool, return_std=True)
+        m = w * mu + (1 - w) * cmu
+        var = w * (sd**2 + mu**2) + (1 - w) * (csd**2 + cmu**2) - m**2
+        return m, np.sqrt(np.maximum(var, 1e-12))
 
     def p_crash(self, records: Sequence[TrialRecord], X_pool: np.ndarray) -> np.ndarray:
         """P(crash) of every pool config from the crashes in experience and in own trials."""
