@@ -339,3 +339,20 @@ def test_nondeterministic_user_data_is_told_how_to_seed_it(tmp_path, example, se
     with pytest.raises(BaselineUnusableError, match="non-deterministic.*" + seeding):
         run_doctor(run_dir, repeats=3, bank_url=f"sqlite:///{tmp_path / 'b.sqlite'}",
                    backend=_FakeBackend(spec, [good, drift]), out=lambda s: None)
+
+
+def test_cpu_mfu_divides_by_the_faster_measured_matmul_so_a_bf16_config_is_not_near_100():
+    """Every config is divided by the processor's best measured matmul speed (one denominator, as
+    GPU MFU uses one datasheet peak); against the slower fp32 peak a bf16 run read ~99%."""
+    from infrarsi.doctor.mfu import compute_mfu
+    from infrarsi.doctor.stage import _best_cpu_peak
+
+    matmul = {"fp32_flops": 1.0e10, "bf16_flops": 2.0e10}
+    kw = {"step_s": 1.0, "tokens_per_step": 1000, "flops_per_token": 1.9e7, "num_workers": 1,
+          "device": "cpu"}
+    best = compute_mfu(**kw, **_best_cpu_peak(matmul))
+    assert best["peak_flops"] == 2.0e10 and best["mfu"] == pytest.approx(0.95)
+    assert "bf16" in best["peak_label"]
+    slower_bf16 = compute_mfu(**kw, **_best_cpu_peak({**matmul, "bf16_flops": 0.5e10}))
+    assert slower_bf16["peak_flops"] == 1.0e10 and "fp32" in slower_bf16["peak_label"]
+    assert _best_cpu_peak(None) == {}

@@ -56,20 +56,25 @@ def matmul_speeds(num_threads: int, n: int = 1024) -> dict[str, Any]:
 def compute_mfu(*, step_s: float, tokens_per_step: int, flops_per_token: float,
                 num_workers: int, device: str, num_threads: int = 1,
                 device_peak_flops: float | None = None, device_name: str = "",
-                cpu_peak_flops: float | None = None) -> dict[str, Any]:
+                cpu_peak_flops: float | None = None,
+                cpu_peak_dtype: str = "fp32") -> dict[str, Any]:
     """The payload's ``mfu``: ``mfu`` (a fraction or None), ``achieved_flops`` (FLOP/s of the
     whole job), ``peak_flops`` (per worker/device, like ``hardware.peak_flops``),
     ``job_peak_flops`` (times the workers), ``peak_label``, ``flops_per_token``,
     ``tokens_per_s``; ``note`` when no peak is known. On CPU the peak is measured here unless
-    ``cpu_peak_flops`` passes an fp32 probe already taken."""
+    ``cpu_peak_flops`` passes a probe already taken (``cpu_peak_dtype`` names its precision: doctor
+    passes the faster of its fp32 and bf16 probes, so every config is divided by the processor's
+    best matmul speed, as GPU MFU divides by one datasheet peak, and a bf16 config cannot read near
+    100% against the slower fp32 peak)."""
     tokens_per_s = tokens_per_step / step_s
     achieved = flops_per_token * tokens_per_s
     out: dict[str, Any] = {"flops_per_token": flops_per_token, "tokens_per_s": tokens_per_s,
                            "achieved_flops": achieved, "num_workers": num_workers}
     if device == "cpu":
-        # an fp32 probe already taken (doctor's matmul_speeds) is not timed again
+        # a probe already taken (doctor's matmul_speeds) is not timed again
         per = cpu_peak_flops or measure_matmul_peak(num_threads)
-        label = f"{PEAK_LABEL_CPU} ({num_threads} thread(s) per worker, fp32, 1024^3)"
+        dtype = cpu_peak_dtype if cpu_peak_flops else "fp32"
+        label = f"{PEAK_LABEL_CPU} ({num_threads} thread(s) per worker, {dtype}, 1024^3)"
     elif device_peak_flops:
         per, label = float(device_peak_flops), f"{device_name or device} peak (hardware.peak_flops)"
     else:

@@ -210,6 +210,14 @@ def _cfg(config: dict[str, Any]) -> str:
 
 
 # ---- the payload -------------------------------------------------------------------------------
+def _best_cpu_peak(matmul: dict[str, Any] | None) -> dict[str, Any]:
+    """compute_mfu's CPU peak: the faster of the measured fp32 and bf16 matmul speeds."""
+    if not matmul:
+        return {}
+    dtype = max(("fp32", "bf16"), key=lambda d: matmul.get(f"{d}_flops") or 0.0)
+    return {"cpu_peak_flops": matmul[f"{dtype}_flops"], "cpu_peak_dtype": dtype}
+
+
 def _payload(records: Sequence[TrialRecord], contract: Contract, backend, config: dict[str, Any],
              pairs: int, target_mde: float) -> dict[str, Any]:
     spec = contract.spec()
@@ -227,7 +235,7 @@ def _payload(records: Sequence[TrialRecord], contract: Contract, backend, config
                       num_threads=int(config.get("num_threads", 1)),
                       device_peak_flops=backend.hardware.peak_flops,
                       device_name=backend.hardware.device_name,
-                      cpu_peak_flops=matmul["fp32_flops"] if matmul else None)
+                      **_best_cpu_peak(matmul))
     capacity = backend.hardware.memory_bytes or None
     findings = bottleneck_findings(profile, config, mfu, capacity, matmul)
     if noise["too_noisy"]:
