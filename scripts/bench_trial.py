@@ -186,7 +186,8 @@ def compare_pool(args) -> int:
                     print(f"  {name} pair {i} {kind:5}: {rec.summary()}"
                           + (f" | rank 0 over the measured steps: cpu/step {cpu[0] * 1e3:.0f} ms, "
                              f"gc {cpu[1] * 1e3:.0f} ms ({cpu[2]} full), {cpu[3]} objects, "
-                             f"waited for a CPU {cpu[4] * 1e3:.0f} ms/step"
+                             f"waited for a CPU {cpu[4] * 1e3:.0f} ms/step; process: "
+                             f"{cpu[5]:.0f} page faults/step, system CPU {cpu[6] * 1e3:.0f} ms/step"
                              if cpu is not None else ""), flush=True)
                     rows[kind].append(rec)
             shutdown_process_pool()
@@ -245,6 +246,7 @@ def _cpu_time_hook(path: str):
     def hook() -> None:
         import gc
         import json
+        import resource
         import time
 
         import torch.distributed as dist
@@ -267,6 +269,8 @@ def _cpu_time_hook(path: str):
 
         def timed_mark(self):
             out = mark(self)
+            use = resource.getrusage(resource.RUSAGE_SELF)
+            self.__dict__.setdefault("_faults", []).append((use.ru_minflt, use.ru_stime))
             self.__dict__.setdefault("_cpu", []).append(time.process_time())
             self.__dict__.setdefault("_wait", []).append(_runqueue_wait())
             return out
@@ -280,10 +284,12 @@ def _cpu_time_hook(path: str):
                 gen2 = sum(1 for _, g in spans if g == 2) // 2
                 gc_s = sum(b[0] - a[0] for a, b in zip(spans[::2], spans[1::2], strict=False))
                 with open(path, "a") as f:
-                    waits = self.__dict__.get("_wait", [])
-                    f.write(json.dumps([(cpus[-1] - cpus[0]) / (len(cpus) - 1), gc_s, gen2,
-                                        len(gc.get_objects()),
-                                        (waits[-1] - waits[0]) / (len(waits) - 1)]) + "\n")
+                    waits, faults = self.__dict__.get("_wait", []), self.__dict__.get("_faults", [])
+                    n = len(cpus) - 1
+                    f.write(json.dumps([(cpus[-1] - cpus[0]) / n, gc_s, gen2,
+                                        len(gc.get_objects()), (waits[-1] - waits[0]) / n,
+                                        (faults[-1][0] - faults[0][0]) / n,
+                                        (faults[-1][1] - faults[0][1]) / n]) + "\n")
             gc_log.clear()
             return close(self)
 

@@ -22,8 +22,16 @@ import ray
 from infrarsi.backends.ray_train._classify import classify
 from infrarsi.trial import ErrorKind, TrialStatus
 
-# Ray Train polls its workers at this interval; the default (2 s) adds up to 2 s per trial.
-_POLL_INTERVAL_S = "0.25"
+# Ray Train's worker poll keeps its default interval (2 s): a poll runs Python in every rank's
+# process while it trains (the train function is a thread there), and at 0.25 s a fresh trial's
+# steps read ~5% slower than the same steps in a warm pool worker (warm/fresh 0.947, 95% CI
+# 0.918-0.976, 8 pairs; at 2 s 1.006, 0.951-1.065: scripts/bench_trial.py --pool). The price is
+# up to one interval of latency after the last step; fresh trials are opt-in (the pool is not).
+
+# Ray Train's preemption watcher is one more actor per job (a Python process started while the
+# ranks run, polling the GCS): a trial has no failure budget to spend on a preemption notice
+# (max_failures=0; a lost node is recorded as WORKER_LOST either way). Read by the controller.
+_PREEMPTION_WATCHER = "0"
 
 
 @dataclass(frozen=True)
@@ -149,10 +157,10 @@ def run_trainer(payload: dict[str, Any], scaling: dict[str, Any], *, backend: st
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", _POLL_INTERVAL_S)
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", _PREEMPTION_WATCHER)
     t0 = time.time()
     try:
-        trainer = TorchTrainer(
+        trainer = _trainer_without_data_actor(TorchTrainer)(
             train_fn,
             train_loop_config=payload,
             scaling_config=ScalingConfig(**({"num_workers": 0} if local_mode else scaling)),
@@ -168,6 +176,28 @@ def run_trainer(payload: dict[str, Any], scaling: dict[str, Any], *, backend: st
     except Exception as e:  # noqa: BLE001 - every failure becomes a record
         status, kind, message = classify(e)
         return TrainerOutcome.failed(t0, status, kind, message)
+
+
+def _trainer_without_data_actor(trainer_cls):
+    """``trainer_cls`` without Ray Data's per-job ``DatasetManager`` actor when the job is
+    given no Ray Dataset (trials read their data in the harness, never through Ray Data).
+
+    Why: Ray Train V2 starts that actor (and the watcher above) while the ranks already run; on
+    a machine with few cores their start-up (a Python process importing ray.data, ~1 CPU-s
+    each) ran during the measured steps, so a fresh trial's step read ~1.9x a warm pool
+    trial's on 2 cores (``scripts/bench_trial.py --pool``'s A/A check). Workers accept a
+    train context without a shard provider (``Worker.init_train_context``'s default None).
+    ``_create_default_callbacks`` is Ray's private seam; on a Ray without it nothing changes."""
+
+    class Trainer(trainer_cls):
+        def _create_default_callbacks(self):
+            callbacks = super()._create_default_callbacks()
+            if getattr(self, "datasets", None):
+                return callbacks
+            return [c for c in callbacks if type(c).__name__ != "DatasetsCallback"]
+
+    Trainer.__name__ = Trainer.__qualname__ = trainer_cls.__name__
+    return Trainer
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
