@@ -26,6 +26,10 @@ steps while the previous fresh job's processes exit. ``--phases`` adds where eac
 goes on rank 0 (submit -> rank 0 runs, workspace files, timer + entry import, model build, the
 memory meter's read of the build, the warm-up steps, the measured steps, then off the clock the
 metered step and the reply): what is start-up and what is the contract's own warm-up.
+``--new-group`` adds a third arm: a trial on a pool group started for it (the idle groups are
+retired before the rest), i.e. fresh processes without Ray Train's per-job actors (controller,
+synchronization actor, placement-group cleaner). Warm vs new group isolates what reusing a group
+does to a step; new group vs fresh what Ray Train's own processes do to it on this machine.
 
 Peak memory against micro-batch size: ``scripts/bench_memory.py``.
 """
@@ -71,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --pool: seconds of rest before each timed trial, so no trial "
                          "shares the CPUs with the last one's teardown (a fresh job's ~8 Ray "
                          "processes exit after it returns)")
+    ap.add_argument("--new-group", action="store_true",
+                    help="with --pool: a third arm, each trial on a pool group started for it "
+                         "(fresh processes without Ray Train's per-job actors)")
     ap.add_argument("--cpu-times", action="store_true",
                     help="with --pool: also each trial's CPU seconds per measured step on rank 0 "
                          "and the seconds its training thread waited for a CPU (more work, or more waiting?); "
@@ -138,9 +145,8 @@ def compare_pool(args) -> int:
     import math
 
     import ray
-    from scipy import stats
 
-    from infrarsi.backends.ray_train import RayTrainBackend
+    from infrarsi.backends.ray_train import RayTrainBackend, _pool
     from infrarsi.backends.ray_train._pool import shutdown_process_pool
     from infrarsi.backends.ray_train._priority import with_trial_priority
     from infrarsi.contract import load_task
@@ -169,13 +175,22 @@ def compare_pool(args) -> int:
             spec = load_task(ROOT / "configs" / "tasks" / f"{name}.yaml")
             kinds = {"fresh": RayTrainBackend(spec, fresh_processes=True),
                      "warm": RayTrainBackend(spec)}
+            if args.new_group:
+                kinds["new group"] = kinds["warm"]
             config = {**kinds["warm"].baseline_config(), **_parse_set(args.set)}
             first = kinds["warm"].execute(config)
             print(f"  {name} warm group start (untimed): {first.summary()}", flush=True)
-            rows = out[name] = {"fresh": [], "warm": []}
+            rows = out[name] = {k: [] for k in kinds}
+            arms = list(kinds)
             for i in range(args.repeats):
-                order = ("fresh", "warm") if i % 2 == 0 else ("warm", "fresh")
+                # Each arm takes each place in the order equally often (rotated, reversed on
+                # odd repeats): no arm always follows the same one.
+                order = arms[i % len(arms):] + arms[:i % len(arms)]
+                if i % 2:
+                    order.reverse()
                 for kind in order:
+                    if kind == "new group":  # its processes start for this trial
+                        ray.get(_pool.existing_process_pool().retire_idle.remote())
                     time.sleep(args.gap)  # the previous trial's processes have exited
                     rec = kinds[kind].execute(config)
                     cpu = _last_cpu(cpu_log)
@@ -183,7 +198,7 @@ def compare_pool(args) -> int:
                         rec.extra["phases"] = _phases(_last_cpu(phase_log), rec)
                     if cpu is not None:
                         rec.extra["cpu_per_step_s"], rec.extra["wait_per_step_s"] = cpu[0], cpu[4]
-                    print(f"  {name} pair {i} {kind:5}: {rec.summary()}"
+                    print(f"  {name} round {i} {kind:9}: {rec.summary()}"
                           + (f" | rank 0 over the measured steps: cpu/step {cpu[0] * 1e3:.0f} ms, "
                              f"gc {cpu[1] * 1e3:.0f} ms ({cpu[2]} full), {cpu[3]} objects, "
                              f"waited for a CPU {cpu[4] * 1e3:.0f} ms/step; process: "
@@ -195,34 +210,28 @@ def compare_pool(args) -> int:
         ray.shutdown()
 
     med = statistics.median
-    print("\nfresh vs warm trials (interleaved pairs; medians)")
-    print(f"  {'task':10} {'kind':5} {'overhead':>9} {'wall':>7} {'overhead/wall':>13} "
+    print("\nfresh vs warm trials (interleaved rounds; medians)")
+    print(f"  {'task':10} {'kind':9} {'overhead':>9} {'wall':>7} {'overhead/wall':>13} "
           f"{'step':>9} {'trials/h':>8}")
     for name, rows in out.items():
         summary = {}
         for kind, recs in rows.items():
             ok = [r for r in recs if r.ok and r.startup_seconds is not None]
             if not ok:
-                print(f"  {name:10} {kind:5} no trial ran ok")
+                print(f"  {name:10} {kind:9} no trial ran ok")
                 continue
             over, wall = med(r.startup_seconds for r in ok), med(r.wall_seconds for r in ok)
             step = med(r.step_time_s for r in ok)
             summary[kind] = (over, wall)
-            print(f"  {name:10} {kind:5} {over:8.1f}s {wall:6.1f}s {over / wall:12.0%} "
+            print(f"  {name:10} {kind:9} {over:8.1f}s {wall:6.1f}s {over / wall:12.0%} "
                   f"{step * 1e3:7.1f}ms {3600 / wall:8.0f}")
-        if len(summary) == 2:
+        if "fresh" in summary and "warm" in summary:
             print(f"  {name}: warm trials/hour = {summary['fresh'][1] / summary['warm'][1]:.2f}x "
                   f"fresh; warm overhead = {summary['warm'][0] / summary['warm'][1]:.0%} of its "
                   f"wall (fresh {summary['fresh'][0] / summary['fresh'][1]:.0%})")
-        logs = [math.log(w.step_time_s / f.step_time_s)
-                for f, w in zip(rows["fresh"], rows["warm"], strict=True) if f.ok and w.ok]
-        if len(logs) >= 2:
-            mean, sd = statistics.fmean(logs), statistics.stdev(logs)
-            half = stats.t.ppf(0.975, len(logs) - 1) * sd / math.sqrt(len(logs))
-            lo, hi = math.exp(mean - half), math.exp(mean + half)
-            print(f"  {name}: A/A warm/fresh step time {math.exp(mean):.3f} "
-                  f"(95% CI {lo:.3f}-{hi:.3f}, {len(logs)} pairs): "
-                  f"{'includes 1 (no bias seen)' if lo <= 1 <= hi else 'EXCLUDES 1'}")
+        for a, b in (("warm", "fresh"), ("warm", "new group"), ("new group", "fresh")):
+            if a in rows and b in rows:
+                _print_ratio(name, a, b, rows[a], rows[b])
         _print_phases(name, rows)
         cpu = [w.extra["cpu_per_step_s"] / f.extra["cpu_per_step_s"]
                for f, w in zip(rows["fresh"], rows["warm"], strict=True)
@@ -237,6 +246,25 @@ def compare_pool(args) -> int:
                   f"{math.exp(statistics.fmean(math.log(x) for x in cpu)):.3f}, pairs "
                   f"{[round(x, 2) for x in cpu]}")
     return 0
+
+
+def _print_ratio(name: str, a: str, b: str, rows_a: list, rows_b: list) -> None:
+    """The A/A check of arm ``a`` against arm ``b``: the geometric mean of the rounds' step-time
+    ratios with a 95% t-interval of its log (a round is one trial of each arm, back to back)."""
+    import math
+
+    from scipy import stats
+
+    logs = [math.log(x.step_time_s / y.step_time_s)
+            for x, y in zip(rows_a, rows_b, strict=True) if x.ok and y.ok]
+    if len(logs) < 2:
+        return
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    half = stats.t.ppf(0.975, len(logs) - 1) * sd / math.sqrt(len(logs))
+    lo, hi = math.exp(mean - half), math.exp(mean + half)
+    print(f"  {name}: A/A {a}/{b} step time {math.exp(mean):.3f} "
+          f"(95% CI {lo:.3f}-{hi:.3f}, {len(logs)} rounds): "
+          f"{'includes 1 (no bias seen)' if lo <= 1 <= hi else 'EXCLUDES 1'}")
 
 
 def _cpu_time_hook(path: str):
