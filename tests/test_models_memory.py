@@ -402,3 +402,31 @@ def test_prior_scale_by_evidence_narrows_a_right_prior_and_widens_a_wrong_one(la
                               **{**kw, "prior_scales": (1.0,)}))
     assert one.prior_scale_ == 1.0
     np.testing.assert_allclose(one.coef_, wrong.coef_, atol=1e-6)
+
+
+def test_an_unread_ok_trial_bounds_p_oom_where_the_model_puts_its_peak():
+    """An ok trial without a reading fit: its peak was at most the capacity, where below it is
+    the model's belief. Taken at the capacity itself (as a reading there would be), its own
+    config and every neighbour the model calls no lighter stayed at P(OOM) >= 0.5."""
+    X, mem, obs = simulate(600)
+    m = PeakMemoryModel(distribution="lognormal", **weak()).fit(X, mem, obs)
+    mu_all, _ = m._loc(X)
+    j = int(np.argmin(np.abs(mu_all - np.log(CAP))))  # a config the model places at the capacity
+    heavier = X[j] + np.array([0.1, 0.0, 0.0])  # +0.06 log peak by the fitted slope
+    pool = np.vstack([X[j], heavier])
+    noise = 0.05
+    unread = m.p_oom_near(pool, X[j:j + 1], np.array([[0.0, CAP]]), CAP, noise=noise)
+    read = m.p_oom_near(pool, X[j:j + 1], np.array([[CAP, CAP]]), CAP, noise=noise)
+    # Monte Carlo of the same quantity: the model's peak of j truncated at the capacity
+    mu_j, v_j = m._loc(X[j:j + 1])
+    rng = np.random.default_rng(0)
+    z = mu_j[0] + np.sqrt(m.shape_**2 + v_j[0]) * rng.standard_normal(400_000)
+    z = z[z <= np.log(CAP)]
+    cov = m.loc_cov_[1:, 1:]
+    for i, x in enumerate(pool):
+        d = x - X[j]
+        sd = np.sqrt(d @ cov @ d + noise**2)
+        expect = norm.cdf((z + d @ m.coef_ - np.log(CAP)) / sd).mean()
+        assert unread[i] == pytest.approx(min(expect, m.p_oom(pool[i:i + 1], CAP)[0]), abs=0.01)
+    assert unread[0] < 0.2 and read[0] >= 0.45  # a reading at the capacity keeps the old bound
+    assert unread[0] < unread[1] < read[1]

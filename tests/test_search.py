@@ -512,6 +512,55 @@ def test_late_a_large_gain_is_worth_one_risky_trial_while_failures_leave_room(tr
     assert (config_key(sug.config) == config_key(eng.pool[fast])) is risky
 
 
+@pytest.mark.parametrize("found", [False, True])
+def test_beyond_the_risk_cap_a_search_stops_for_a_small_gain_only_once_something_ran(found):
+    """Every candidate past the risk cap and none promising RISK_MIN_GAIN: stop once a trial
+    measured something; before, any config that runs is the whole gain, so search on."""
+    from infrarsi.search.engine import _Fit
+
+    b = ToyBackend()
+    eng = _engine(b, budget=20, n_init=0)
+    for i in range(5):  # out of memory, or (found) one ok trial among them
+        ok = found and i == 4
+        eng.observations.append({"record": TrialRecord(
+            trial_id=f"t{i}", config=eng.pool[i], backend="toy",
+            status=TrialStatus.OK if ok else TrialStatus.OOM, step_times_s=(1.0,) if ok else (),
+            tokens_per_step=1, workload=b.workload, hardware=b.hardware,
+            memory_censor_bytes=None if ok else CAPACITY).to_dict(), "origin": "test"})
+    eng.seeds_planned = True
+    eng.lightest_probes = ["probe-1", "probe-2"]  # run already (they crashed, as in the sim)
+    n = len(eng.pool)  # every candidate: P(OOM) 0.6, and no better than the trial that ran
+    eng._current_fit = lambda: _Fit(np.zeros(n), np.full(n, 0.01), np.full(n, 0.6), None,
+                                    np.zeros(n))
+    sug = eng.suggest("next")
+    assert (sug is None) is found
+    assert (eng.stop_reason is not None and "promises enough" in eng.stop_reason) is found
+
+
+def test_a_lightest_probe_skips_configs_predicted_to_crash():
+    """Nothing fit yet: the "does anything fit?" probe is the lightest config not predicted to
+    crash (a crash says nothing about memory)."""
+    from infrarsi.search.engine import _Fit
+
+    b = ToyBackend()
+    eng = _engine(b, budget=20, n_init=0)
+    for i in range(2):
+        eng.observations.append({"record": TrialRecord(
+            trial_id=f"t{i}", config=eng.pool[i], backend="toy", status=TrialStatus.OOM,
+            workload=b.workload, hardware=b.hardware, memory_censor_bytes=CAPACITY).to_dict(),
+            "origin": "test"})
+    eng.seeds_planned = True
+    n = len(eng.pool)
+    mem = np.linspace(2.0, 3.0, n) * CAPACITY  # the last candidates are the lightest ...
+    mem[-1], mem[-2] = 0.5 * CAPACITY, 0.6 * CAPACITY
+    p_crash = np.zeros(n)
+    p_crash[-1] = 0.9  # ... and the very lightest is predicted to crash
+    eng._current_fit = lambda: _Fit(np.zeros(n), np.full(n, 0.1), np.full(n, 0.9), mem, p_crash)
+    sug = eng.suggest("probe")
+    assert sug.origin == "probe:lightest"
+    assert config_key(sug.config) == config_key(eng.pool[n - 2])
+
+
 def _trio(c) -> bool:  # the simulator's compile failure: float8 inside selective checkpointing
     return (c["compile"] != "off" and c["precision"] == "fp8"
             and c["activation_checkpointing"] == "selective")

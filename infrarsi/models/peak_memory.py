@@ -78,6 +78,14 @@ FALLBACK_LOC_SD = {"peak": MIN_SPREAD, "stated": 0.3, "none": 1.0}
 # intercept's prior is centred where the prior slopes put the average trial at the capacities
 # seen, std 1 (a factor e), weighed as one pseudo-observation.
 LABELS_LOC_SD = 1.0
+# An ok trial without a reading says only that its peak was at most the capacity. Where below
+# it is the model's own belief (its predictive distribution, truncated at the bound), read on
+# this grid of log peaks under the bound (steps of ~5%; the mass lower still sits at the grid's
+# lowest point, an overstatement of the risk). Taking the peak at the bound itself, as an exact
+# reading would be, put P(OOM) 0.5 on the trial's own config and on every neighbour the model
+# calls no lighter, so a search never moved off the baseline's layout where no trial had a
+# reading (vTrain's table: its best was the baseline with micro-batch 2, predicted best).
+CENSORED_GRID = np.linspace(0.0, 2.0, 41)
 
 
 def _floor_spread(dist: str, shape: float, min_spread: float) -> float:
@@ -489,8 +497,11 @@ class PeakMemoryModel(BaseEstimator):
         ``noise**2`` for run-to-run variation):
 
         * an OOM (peak_j > capacity) bounds P(OOM | x) from below by P(delta >= 0);
-        * an ok trial (peak_j <= its upper bound) bounds it from above by
-          P(delta > log(capacity / upper_j)).
+        * an ok trial with a reading (peak_j = upper_j) bounds it from above by
+          P(delta > log(capacity / upper_j));
+        * an ok trial without one (peak_j <= upper_j) bounds it from above by that probability
+          averaged over where the model believes peak_j sat below upper_j (see
+          :data:`CENSORED_GRID`, :meth:`_p_oom_given_fit`).
 
         ``p``: the model's own P(OOM) of ``X`` (computed if None), clipped into the tightest
         bounds; where the bounds cross (the seen outcomes disagree), the model's value stays.
@@ -511,10 +522,30 @@ class PeakMemoryModel(BaseEstimator):
             sd = np.sqrt(np.einsum("ij,jk,ik->i", d, cov, d) + noise**2)
             if oom[j]:
                 lower = np.maximum(lower, ndtr(delta / sd))
-            else:
+            elif b[j, 0] >= b[j, 1]:  # a reading: the peak is known
                 upper = np.minimum(upper, ndtr((delta - np.log(capacity / b[j, 1])) / sd))
+            else:
+                upper = np.minimum(upper, self._p_oom_given_fit(Xs[j], b[j], delta, sd, capacity))
         agree = lower <= upper
         return np.where(agree, np.clip(p, lower, upper), p)
+
+    def _p_oom_given_fit(self, x_seen, bounds, delta, sd, capacity: float) -> np.ndarray:
+        """P(OOM) of configs ``delta`` (log units, std ``sd``) above a seen config whose peak
+        was within ``bounds`` (finite upper) but not read: P(peak_j e^delta > capacity) averaged
+        over the model's distribution of peak_j truncated to ``bounds``."""
+        lo, hi = float(bounds[0]), float(bounds[1])
+        t = np.log(hi) - CENSORED_GRID
+        if lo > 0:
+            t = t[t > np.log(lo)]  # keeps t[0]: an unread peak's bounds are lo < hi
+        edges = np.append(t, np.log(lo)) if lo > 0 else t
+        below = 1.0 - self.survival(np.repeat(x_seen[None, :], len(edges), axis=0), np.exp(edges))
+        below = below if lo > 0 else np.append(below, 0.0)  # P(peak_j <= each edge)
+        mass = np.append(below[:-2] - below[1:-1], below[-2] - below[-1])  # cells, then the rest
+        total = below[0] - below[-1]
+        if not total > 1e-12:  # the model cannot place the peak under the bound: assume it at it
+            return ndtr((delta - np.log(capacity / hi)) / sd)
+        at = np.append((t[:-1] + t[1:]) / 2, t[-1]) - np.log(capacity)
+        return ndtr((delta[:, None] + at[None, :]) / sd[:, None]) @ (np.maximum(mass, 0.0) / total)
 
     # ---- prices and prior revision ------------------------------------------------------------
     def coef_posterior(self) -> tuple[np.ndarray, np.ndarray]:

@@ -325,7 +325,10 @@ class SearchEngine:
                 and len(self.lightest_probes) < LIGHTEST_PROBES):
             # Nothing has fit yet: before spending more, run the lightest configs there are. If
             # even those run out of memory, nothing in the space fits (see obs.stop_reason).
-            i = acq.lightest(fit, self._X_pool, self.encoder, free)
+            # Among those not predicted to crash: a crash says nothing about memory (two
+            # probes a knob apart crashed alike and the search had learned nothing).
+            sound = free & (fit.p_crash <= self.oom_risk_cap())
+            i = acq.lightest(fit, self._X_pool, self.encoder, sound if sound.any() else free)
             self.lightest_probes.append(config_key(self.pool[i]))
             return Suggestion(dict(self.pool[i]), "probe:lightest", acq.predicted(fit, i))
         own = [v for r in records if (v := self.objective(r)) is not None and v > 0]
