@@ -7,6 +7,7 @@ workers are owned by that actor, so Ray tears them down with it and frees their 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -178,6 +179,7 @@ def run_trainer(payload: dict[str, Any], scaling: dict[str, Any], *, backend: st
         return TrainerOutcome.failed(t0, status, kind, message)
 
 
+@functools.cache  # one subclass per trainer class, not one per trial
 def _trainer_without_data_actor(trainer_cls):
     """``trainer_cls`` without Ray Data's per-job ``DatasetManager`` actor when the job is
     given no Ray Dataset (trials read their data in the harness, never through Ray Data).
