@@ -28,6 +28,20 @@ def _no_idle_pool(ray_local):
 SCALED = ("_orig_build = build_dense\n"
           "def build_dense(shape):\n    m = _orig_build(shape)\n"
           "    m.head.weight.data.mul_(3.0)\n    return m\n")
+# A hostile patch: it also rebinds a torch function for the whole process (no purge of the
+# workspace's modules can undo that), scaling every later nn.Linear output in that interpreter.
+PROCESS_WIDE = ("import torch.nn.functional as _F\n"
+                "_orig_linear = _F.linear\n"
+                "_F.linear = lambda x, w, b=None: _orig_linear(x, w, b) * 1.5\n")
+# Module state that would carry from one trial to the next if the workspace were not re-imported:
+# every build of this module's model scales its head by how many builds it has seen.
+COUNTS_BUILDS = ("_BUILDS = []\n_orig_build = build_dense\n"
+                 "def build_dense(shape):\n    _BUILDS.append(1)\n    m = _orig_build(shape)\n"
+                 "    m.head.weight.data.mul_(float(len(_BUILDS)))\n    return m\n")
+
+
+def group_of(record) -> str:
+    return record.extra["pool"]["group"]
 
 
 def _pool_workers() -> dict[str, list]:
@@ -52,49 +66,78 @@ def test_warm_trials_reuse_the_group_and_measure_the_same_loss(tmp_path, ray_loc
 
 
 def test_a_patched_trial_then_an_unpatched_one_runs_the_unpatched_code(tmp_path, ray_local):
+    """A patch is untrusted code: it runs in processes of its own, retired after its trial, so
+    what it did to the interpreter (here it rebinds torch's linear for the whole process, and a
+    second import would wrap it again) reaches no later trial, of other code or its own."""
     plain_task = copy_task(tmp_path / "plain")
     patched_task = copy_task(tmp_path / "patched")
-    inject_into_dense(patched_task, SCALED)
+    inject_into_dense(patched_task, SCALED + PROCESS_WIDE)
     plain = RayTrainBackend(load_task(plain_task))
-    patched = RayTrainBackend(load_task(patched_task))
+    patched = RayTrainBackend(load_task(patched_task), untrusted_code=True)
     config = {**plain.baseline_config(), "num_workers": 1}
     before = plain.execute(config)
     with_patch = patched.execute(config)
+    assert set(_pool_workers()) == {group_of(before)}  # the patch's group is gone
     after = plain.execute(config)
-    assert before.ok and with_patch.ok and after.ok
-    groups = {r.extra["pool"]["group"] for r in (before, with_patch, after)}
-    assert len(groups) == 1 and after.extra["pool"]["warm"]  # all three in one live process
+    again = patched.execute(config)
+    assert before.ok and with_patch.ok and after.ok and again.ok
     assert with_patch.loss_trace[0] != pytest.approx(before.loss_trace[0], rel=1e-3)
-    assert after.loss_trace == before.loss_trace  # the patched module did not leak
+    assert after.loss_trace == before.loss_trace  # neither the module nor its rebinding leaked
+    assert again.loss_trace == with_patch.loss_trace  # a fresh interpreter again
+    assert group_of(after) == group_of(before) and after.extra["pool"]["warm"]
+    assert not with_patch.extra["pool"]["warm"] and not again.extra["pool"]["warm"]
+    assert len({group_of(r) for r in (before, with_patch, again)}) == 3
     (workers,) = _pool_workers().values()
     assert ray.get(workers[0].leaked_workspace_modules.remote()) == []
     plain.close()
 
 
+def test_a_warm_trial_imports_its_code_afresh(tmp_path, ray_local):
+    """The same code twice in one live process: the second trial sees none of the first
+    trial's module state (the workspace is imported anew), so it computes what a fresh trial
+    would."""
+    task = copy_task(tmp_path)
+    inject_into_dense(task, COUNTS_BUILDS)
+    backend = RayTrainBackend(load_task(task))
+    config = {**backend.baseline_config(), "num_workers": 1}
+    first, second = backend.execute(config), backend.execute(config)
+    assert first.ok and second.ok, (first.error_message, second.error_message)
+    assert second.extra["pool"]["warm"] and group_of(second) == group_of(first)
+    assert second.loss_trace == first.loss_trace
+    backend.close()
+
+
 def test_a_trial_after_a_crash_or_an_oom_starts_in_a_fresh_group(tmp_path, ray_local):
+    # One version of the code (one group key) that crashes while a marker file exists.
+    marker = tmp_path / "crash-now"
+    crashes = (f"import os as _os\n_orig_build = build_dense\ndef build_dense(shape):\n"
+               f"    if _os.path.exists({str(marker)!r}):\n"
+               f"        raise ZeroDivisionError('injected')\n    return _orig_build(shape)\n")
     ok_task = copy_task(tmp_path / "ok")
-    crash_task = copy_task(tmp_path / "crash")
-    inject_into_dense(crash_task, "def build_dense(shape):\n    raise ZeroDivisionError('injected')\n")
     oom_task = copy_task(tmp_path / "oom", **{"hardware.memory_capacity_gib": 0.02})
-    ok, crash, oom = (RayTrainBackend(load_task(p)) for p in (ok_task, crash_task, oom_task))
+    for task in (ok_task, oom_task):
+        inject_into_dense(task, crashes)
+    ok, oom = (RayTrainBackend(load_task(p)) for p in (ok_task, oom_task))
     config = {**ok.baseline_config(), "num_workers": 1}
 
     warm = ok.execute(config)
     pids = {g: ray.get([w.node.remote() for w in ws]) for g, ws in _pool_workers().items()}
-    crashed = crash.execute(config)
+    marker.touch()
+    crashed = ok.execute(config)
+    marker.unlink()
     assert crashed.status is TrialStatus.ERROR and crashed.error_kind is ErrorKind.CRASH
     assert "ZeroDivisionError" in crashed.error_message
     assert crashed.extra == {} and _pool_workers() == {}  # the group was retired
     after_crash = ok.execute(config)
     assert after_crash.ok and after_crash.extra["pool"]["warm"] is False
-    assert after_crash.extra["pool"]["group"] not in pids and warm.extra["pool"]["group"] in pids
+    assert group_of(after_crash) not in pids and group_of(warm) in pids
 
     oomed = oom.execute(config)
     assert oomed.status is TrialStatus.OOM
     assert _pool_workers() == {}
     after_oom = ok.execute(config)
     assert after_oom.ok and after_oom.extra["pool"]["warm"] is False
-    assert after_oom.extra["pool"]["group"] != after_crash.extra["pool"]["group"]
+    assert group_of(after_oom) != group_of(after_crash)
     ok.close()
 
 

@@ -77,7 +77,8 @@ class PatchedBackend(Backend):
                                    local_mode=inner.local_mode, storage_path=inner.storage_path,
                                    profile=inner.profile,
                                    fresh_processes=getattr(inner, "fresh_processes", False),
-                                   pool_name=getattr(inner, "pool_name", None))
+                                   pool_name=getattr(inner, "pool_name", None),
+                                   untrusted_code=True)  # proposed patches: never reused
 
         return cls(inner, patches, base_workspace=inner.workspace, scope=scope, factory=factory,
                    conflicts=conflicts, cache=cache)

@@ -13,8 +13,20 @@ the same collective timeout), ``CUDA_VISIBLE_DEVICES`` shared by the ranks of on
 
 Which trials share a group: those with the same :func:`group_key` (world size, threads per
 worker, device, collective backend and timeout, placement strategy): what is fixed when the
-processes start. Everything else (model, optimizer, compiled graph, patched code) is built afresh
-per trial inside the live workers (:class:`PoolWorker.run` says how it is isolated).
+processes start, and the **code** they run (a digest of the shipped workspace). Everything else
+(model, optimizer, compiled graph) is built afresh per trial inside the live workers
+(:class:`PoolWorker.run` says how it is isolated).
+
+Why the code is part of the key, and why a patched trial's group serves that trial only
+(``single_use``): a proposed patch is untrusted code, and it runs inside the worker's
+interpreter, where it can change process-wide state no purge can enumerate (rebind a torch
+function, wrap a class's method, start a thread, keep a cache on a torch module). Such a change
+outlives the trial. In a later trial of other code it could slow an untouched baseline (in an
+A B A B verification, the candidate would look faster); in a later trial of the same patch it
+could replay what it cached (the data of a seeded trial repeats exactly: the same losses, less
+work). So the untouched code's groups never run a patch, and a patched trial's processes run
+no later trial: it costs a group start (not a Ray Train job's), and it measures what a fresh
+process measures.
 
 A trial that fails in any way (crash, OOM, compile error, hang, lost worker) retires its group:
 the actors are killed and the next trial gets a fresh group. A worker whose loaded ``infrarsi``
@@ -57,11 +69,25 @@ IDLE_RETIRE_S = 60.0
 
 
 def group_key(config: dict[str, Any], *, device: str, backend: str, collective_timeout_s: int,
-              placement_strategy: str) -> dict[str, Any]:
-    """What a trial's processes are started with; trials with equal keys share a warm group."""
+              placement_strategy: str, code: str, single_use: bool = False) -> dict[str, Any]:
+    """What a trial's processes are started with, and the code they run (``code``:
+    :func:`code_digest` of the workspace); trials with equal keys share a warm group, except
+    ``single_use`` ones (untrusted code), whose group is retired after its one trial."""
     return {"num_workers": int(config["num_workers"]), "num_threads": int(config["num_threads"]),
             "device": device, "backend": backend, "collective_timeout_s": int(collective_timeout_s),
-            "placement_strategy": placement_strategy}
+            "placement_strategy": placement_strategy, "code": code, "single_use": bool(single_use)}
+
+
+def code_digest(files: dict[str, bytes | str]) -> str:
+    """sha256 over a workspace's files (relative path and content, in path order): which
+    version of the user's code a trial runs; a patched workspace has its own."""
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        content = files[rel]
+        data = content.encode() if isinstance(content, str) else content
+        h.update(f"{rel}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
 
 
 # ---- the worker: one rank ---------------------------------------------------------------------
@@ -329,9 +355,12 @@ class TrialPool:
                 return {**self._failed(status.value, kind.value if kind else None, message), **info}
         value = ray.get(refs[0])
         group.trials += 1
-        for w in group.workers:  # after the reply, not on the trial's clock
-            w.tidy.remote()
-        self._release(group)
+        if key.get("single_use"):  # untrusted code ran in these processes: no later trial may
+            self._retire(group)
+        else:
+            for w in group.workers:  # after the reply, not on the trial's clock
+                w.tidy.remote()
+            self._release(group)
         return {"ok": True, "value": value, "t_end": time.time(), **info}
 
     def retire_idle(self) -> int:

@@ -165,6 +165,8 @@ class RayTrainBackend(Backend):
     processes pass it; without it this process starts its own). ``fresh_processes=True``: every
     trial is a new ``TorchTrainer`` job (new worker processes and process group).
     The record's ``extra["pool"]`` says which group ran a pooled trial and whether it was warm.
+    ``untrusted_code=True`` (a workspace with proposed patches): a pooled trial runs in a
+    group of its own, retired after it (``_pool`` says why).
     """
 
     name = "ray_train"
@@ -172,8 +174,10 @@ class RayTrainBackend(Backend):
     def __init__(self, spec: TaskSpec, *, contract: Contract | None = None,
                  workspace: Path | None = None, local_mode: bool = False,
                  storage_path: str | None = None, profile: bool = False,
-                 fresh_processes: bool = False, pool_name: str | None = None) -> None:
+                 fresh_processes: bool = False, pool_name: str | None = None,
+                 untrusted_code: bool = False) -> None:
         self.spec = spec
+        self.untrusted_code = untrusted_code
         self.fresh_processes = fresh_processes
         self.pool_name = pool_name
         self.profile = profile
@@ -312,7 +316,9 @@ class RayTrainBackend(Backend):
         if pool is not None:
             key = _pool.group_key(config, device=self.spec.hardware.device, backend=backend,
                                   collective_timeout_s=collective_timeout,
-                                  placement_strategy=self.spec.trial.placement_strategy)
+                                  placement_strategy=self.spec.trial.placement_strategy,
+                                  code=_pool.code_digest(payload["workspace_files"]),
+                                  single_use=self.untrusted_code)
             return self._launch_pooled(pool, key, payload, timeout + STARTUP_ALLOWANCE_S, message)
         self._make_room(config)
         t0 = time.time()
