@@ -33,6 +33,36 @@ def test_an_honest_clock_agrees_with_the_outside_timer():
     assert all(0.025 < d < 0.2 for d in clock.durations())
 
 
+def test_a_process_keeps_its_timer_and_each_clock_reads_only_its_own_marks():
+    """The next clock reuses the timer process (no start-up before a warm trial's first step);
+    a clock whose timer received marks it did not make (a patch writing to the timer's pipe,
+    or ending its session) is tampering, and that timer is not kept."""
+    first = C.StepClock(torch.device("cpu"))
+    pid = first._timer.proc.pid
+    for _ in range(3):
+        first.mark()
+    first.close()
+    assert first.check() is None and len(first.outside_marks) == 3
+
+    second = C.StepClock(torch.device("cpu"))
+    assert second._timer.proc.pid == pid
+    second.mark()
+    second._timer.mark()  # a mark the clock did not make
+    second._timer.proc.stdin.write(b"e0123\n")  # a session the clock did not end
+    second._timer.mark()
+    second.mark()
+    second.close()
+    problem = second.check()
+    assert problem and "clock tampering" in problem and "session end(s)" in problem
+
+    third = C.StepClock(torch.device("cpu"))
+    assert third._timer.proc.pid != pid  # the tampered-with timer was not kept
+    third.mark()
+    third.mark()
+    third.close()
+    assert third.check() is None and len(third.outside_marks) == 2
+
+
 def test_a_half_speed_clock_is_tampering_and_the_outside_times_are_reported(monkeypatch):
     real = C._perf
     monkeypatch.setattr(C, "_perf", lambda: real() * 0.5)

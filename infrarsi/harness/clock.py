@@ -7,10 +7,21 @@ a pipe to a small **timer process** (:data:`TIMER_ARGS`: a bare ``python -I -S``
 that timestamps it with its own ``CLOCK_MONOTONIC``: nothing the patched code can rebind runs
 there. At the end the two clocks are compared; a disagreement scheduling cannot explain is
 clock tampering (:class:`ClockTamperError`, whose message gives the outside clock's step times).
+
+A process keeps its timer between clocks (a warm pool's worker runs many trials): starting one
+is a ``python`` start-up, 25-40 ms before every trial's first step on a loaded 2-core box. Each
+clock reads back only its own marks: it ends its session with a fresh random tag, and the timer
+answers with the tag and the marks it received since the last session. A timer that answers
+with the wrong number of marks, or not at all, is not kept (the check reports the mismatch as
+it always did). A warm pool never runs untrusted code in a process a later trial uses, so a
+kept timer only ever served trusted code.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import select
 import statistics
 import subprocess
 import sys
@@ -24,12 +35,21 @@ import torch.distributed as dist
 _perf = time.perf_counter
 _wall = time.time
 
-# The timer process: one monotonic timestamp (ns) per line received, all printed at EOF.
+# The timer process: one monotonic timestamp (ns) per mark line ("m") received. A session is
+# "s<tag>" ... "e<tag>": the end answers "<tag> <foreign ends> <timestamps...>" on one line and
+# the marks start over; an "e" line with another tag ends nothing and is counted as foreign
+# (only the clock knows its tag: anything else writing to the timer is tampering).
 # It says "r" once it reads, so no mark is timestamped late by the timer's own start-up.
-TIMER_SRC = ("import sys,time\nm=time.monotonic_ns\nr=sys.stdin.buffer.readline\nts=[]\n"
-             "sys.stdout.write('r');sys.stdout.flush()\n"
-             "while r():\n ts.append(m())\nsys.stdout.write(' '.join(map(str,ts)))\n")
+TIMER_SRC = ("import sys,time\nm=time.monotonic_ns\nr=sys.stdin.buffer.readline\n"
+             "o=sys.stdout\nts=[]\ng=b''\nx=0\no.write('r');o.flush()\n"
+             "while 1:\n l=r()\n t=m()\n if not l:break\n c=l[:1]\n"
+             " if c==b'm':ts.append(t)\n"
+             " elif c==b's':g=l[1:-1];ts=[];x=0\n"
+             " elif c==b'e' and g and l[1:-1]==g:"
+             "o.write(' '.join([g.decode(),str(x),*map(str,ts)])+'\\n');o.flush();ts=[];g=b''\n"
+             " else:x+=1\n")
 TIMER_ARGS = (sys.executable, "-I", "-S", "-c", TIMER_SRC)
+TIMER_REPLY_TIMEOUT_S = 30.0
 
 # The two clocks read the same step boundaries, the outside one later: a pipe write and the
 # timer's wake-up, ~0.1 ms quiet, but on a heavily loaded box the timer can sleep through a
@@ -84,6 +104,78 @@ def true_step_times(message: str) -> tuple[float, ...]:
         return ()
 
 
+class _Timer:
+    """One timer process (:data:`TIMER_ARGS`), serving one clock at a time."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()  # a forked child must not share its parent's timer
+        self.proc = subprocess.Popen(TIMER_ARGS, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, bufsize=0)
+        if self.proc.stdout.read(1) != b"r":
+            self.kill()
+            raise RuntimeError("the step timer process did not start (python -I -S -c ...)")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def mark(self) -> None:
+        self.proc.stdin.write(b"m\n")
+
+    def begin_session(self) -> None:
+        self.tag = secrets.token_hex(8)
+        self.proc.stdin.write(b"s" + self.tag.encode() + b"\n")
+
+    def end_session(self) -> tuple[list[float], int] | None:
+        """The session's mark timestamps (s) and how many session ends the timer received
+        that this clock did not send; None when the timer does not answer (gone, or silent
+        for :data:`TIMER_REPLY_TIMEOUT_S`)."""
+        try:
+            self.proc.stdin.write(b"e" + self.tag.encode() + b"\n")
+        except OSError:  # the timer is gone
+            return None
+        fd, buf = self.proc.stdout.fileno(), b""
+        deadline = time.monotonic() + TIMER_REPLY_TIMEOUT_S
+        while True:
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                head, foreign, *stamps = line.decode().split()
+                if head == self.tag:
+                    return [int(x) / 1e9 for x in stamps], int(foreign)
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            buf += chunk
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+_kept_timer: list[_Timer] = []  # this process's idle timer, between clocks
+
+
+def _take_timer() -> _Timer:
+    while _kept_timer:
+        timer = _kept_timer.pop()
+        if timer.pid != os.getpid():  # inherited across a fork: the parent's, left to it
+            continue
+        if timer.alive():
+            return timer
+        timer.kill()
+    return _Timer()
+
+
 class StepClock:
     """Marks step boundaries; every mark waits for all ranks and for the device to finish.
 
@@ -99,10 +191,10 @@ class StepClock:
         self.wall_marks: list[float] = []
         self.outside_marks: list[float] | None = None
         self._gaps: set[int] = set()  # indices of marks that start a new interval
-        self._timer = (subprocess.Popen(TIMER_ARGS, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL) if outside else None)
-        if self._timer is not None and self._timer.stdout.read(1) != b"r":
-            raise RuntimeError("the step timer process did not start (python -I -S -c ...)")
+        self.foreign_ends = 0  # session ends the outside timer received from someone else
+        self._timer = _take_timer() if outside else None
+        if self._timer is not None:
+            self._timer.begin_session()
 
     def mark(self) -> float:
         if self.device.type == "cuda":
@@ -113,8 +205,7 @@ class StepClock:
             torch.cuda.synchronize(self.device)
         t = _perf()
         if self._timer is not None:
-            self._timer.stdin.write(b"m\n")
-            self._timer.stdin.flush()
+            self._timer.mark()
         self.marks.append(t)
         self.wall_marks.append(_wall())
         if self.guard is not None:
@@ -136,16 +227,19 @@ class StepClock:
         return self._intervals(self.outside_marks if self.outside_marks is not None else self.marks)
 
     def close(self) -> None:
-        """Stop the timer process and read its timestamps (idempotent)."""
+        """Read the timer's timestamps of this clock's marks (idempotent). The timer is kept
+        for this process's next clock only when it answered with one timestamp per mark."""
         timer, self._timer = self._timer, None
         if timer is None:
             return
-        try:
-            out, _ = timer.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
+        answer = timer.end_session()
+        stamps, self.foreign_ends = answer if answer is not None else ([], 0)
+        self.outside_marks = stamps
+        if (answer is not None and not self.foreign_ends and len(stamps) == len(self.marks)
+                and not _kept_timer):
+            _kept_timer.append(timer)
+        else:
             timer.kill()
-            out, _ = timer.communicate()
-        self.outside_marks = [int(x) / 1e9 for x in out.split()]
 
     def check(self) -> str | None:
         """Compare the in-process clock with the outside timer (after :meth:`close`); a problem
@@ -153,6 +247,9 @@ class StepClock:
         outside = self.outside_marks
         if outside is None:
             return None
+        if self.foreign_ends:
+            return (f"clock tampering: the outside timer received {self.foreign_ends} session "
+                    "end(s) the harness did not send")
         if len(outside) != len(self.marks):
             return (f"clock tampering: the harness marked {len(self.marks)} step boundaries, the "
                     f"outside timer received {len(outside)}")
