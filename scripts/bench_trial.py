@@ -198,8 +198,10 @@ def compare_pool(args) -> int:
                         rec.extra["phases"] = _phases(_last_cpu(phase_log), rec)
                     if cpu is not None:
                         rec.extra["cpu_per_step_s"], rec.extra["wait_per_step_s"] = cpu[0], cpu[4]
+                        rec.extra["thread_cpu_per_step_s"] = cpu[7]
                     print(f"  {name} round {i} {kind:9}: {rec.summary()}"
-                          + (f" | rank 0 over the measured steps: cpu/step {cpu[0] * 1e3:.0f} ms, "
+                          + (f" | rank 0 over the measured steps: cpu/step {cpu[0] * 1e3:.0f} ms "
+                             f"(training thread {cpu[7] * 1e3:.0f} ms), "
                              f"gc {cpu[1] * 1e3:.0f} ms ({cpu[2]} full), {cpu[3]} objects, "
                              f"waited for a CPU {cpu[4] * 1e3:.0f} ms/step; process: "
                              f"{cpu[5]:.0f} page faults/step, system CPU {cpu[6] * 1e3:.0f} ms/step"
@@ -227,24 +229,25 @@ def compare_pool(args) -> int:
                   f"{step * 1e3:7.1f}ms {3600 / wall:8.0f}")
         if "fresh" in summary and "warm" in summary:
             print(f"  {name}: warm trials/hour = {summary['fresh'][1] / summary['warm'][1]:.2f}x "
-                  f"fresh; warm overhead = {summary['warm'][0] / summary['warm'][1]:.0%} of its "
-                  f"wall (fresh {summary['fresh'][0] / summary['fresh'][1]:.0%})")
+                  f"fresh; warm overhead = {summary['warm'][0] / summary['warm'][1]:.1%} of its "
+                  f"wall (fresh {summary['fresh'][0] / summary['fresh'][1]:.1%})")
         for a, b in (("warm", "fresh"), ("warm", "new group"), ("new group", "fresh")):
             if a in rows and b in rows:
                 _print_ratio(name, a, b, rows[a], rows[b])
         _print_phases(name, rows)
-        cpu = [w.extra["cpu_per_step_s"] / f.extra["cpu_per_step_s"]
-               for f, w in zip(rows["fresh"], rows["warm"], strict=True)
-               if "cpu_per_step_s" in f.extra and "cpu_per_step_s" in w.extra]
+        cpu, thread = ([w.extra[k] / f.extra[k] for f, w in zip(rows["fresh"], rows["warm"], strict=True)
+                        if k in f.extra and k in w.extra]
+                       for k in ("cpu_per_step_s", "thread_cpu_per_step_s"))
         waits = {k: [r.extra["wait_per_step_s"] for r in recs if "wait_per_step_s" in r.extra]
                  for k, recs in rows.items()}
         if all(waits.values()):
             print(f"  {name}: rank 0's training thread waited for a CPU, median per measured "
                   "step: " + ", ".join(f"{k} {med(v) * 1e3:.0f} ms" for k, v in waits.items()))
-        if cpu:
-            print(f"  {name}: warm/fresh CPU seconds per measured step (rank 0): geometric mean "
-                  f"{math.exp(statistics.fmean(math.log(x) for x in cpu)):.3f}, pairs "
-                  f"{[round(x, 2) for x in cpu]}")
+        for label, ratios in (("process", cpu), ("training thread", thread)):
+            if ratios:
+                print(f"  {name}: warm/fresh CPU seconds per measured step (rank 0, {label}): "
+                      f"geometric mean {math.exp(statistics.fmean(math.log(x) for x in ratios)):.3f}"
+                      f", pairs {[round(x, 2) for x in ratios]}")
     return 0
 
 
@@ -298,6 +301,7 @@ def _cpu_time_hook(path: str):
             use = resource.getrusage(resource.RUSAGE_SELF)
             self.__dict__.setdefault("_faults", []).append((use.ru_minflt, use.ru_stime))
             self.__dict__.setdefault("_cpu", []).append(time.process_time())
+            self.__dict__.setdefault("_thread", []).append(time.thread_time())
             self.__dict__.setdefault("_wait", []).append(_runqueue_wait())
             return out
 
@@ -312,10 +316,12 @@ def _cpu_time_hook(path: str):
                 with open(path, "a") as f:
                     waits, faults = self.__dict__.get("_wait", []), self.__dict__.get("_faults", [])
                     n = len(cpus) - 1
+                    thread = self.__dict__.get("_thread", [])
                     f.write(json.dumps([(cpus[-1] - cpus[0]) / n, gc_s, gen2,
                                         len(gc.get_objects()), (waits[-1] - waits[0]) / n,
                                         (faults[-1][0] - faults[0][0]) / n,
-                                        (faults[-1][1] - faults[0][1]) / n]) + "\n")
+                                        (faults[-1][1] - faults[0][1]) / n,
+                                        (thread[-1] - thread[0]) / n]) + "\n")
             gc_log.clear()
             return close(self)
 
