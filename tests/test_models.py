@@ -258,8 +258,8 @@ def test_step_time_prior_scale_by_evidence_trusts_a_prior_the_data_bear_out_and_
 
 
 def test_step_time_evidence_weighs_experience_the_trials_bear_out_above_one_they_refute():
-    """A caller may weigh models of the same trials by this evidence (the residual's prior
-    scale is chosen by it): experience the own trials contradict must lose by it."""
+    """The search averages experience's model with the cold one by this evidence (see
+    Fitter._trust_experience): a ranking the own trials contradict must lose its weight."""
     rng = np.random.default_rng(1)
     X = rng.normal(size=(5, 3))
     truth = np.array([0.6, -0.4, 0.3])

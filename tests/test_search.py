@@ -105,32 +105,6 @@ def test_own_ooms_count_before_any_peak_when_experience_put_memory_too_low():
     assert eng._current_fit().p_oom[i] > 0.5
 
 
-def test_experience_that_ranks_the_own_trials_wrongly_loses_its_weight():
-    """How far the search trusts experience is learned from the order of its own trials: an
-    experience model that ranks them as measured gains the odds over the priors, one that
-    ranks them backwards (H100 micro-batch lessons on an A100 pipeline) loses them, and
-    near-ties (within the noise) decide nothing."""
-    from infrarsi.models import StepTimeModel
-    from infrarsi.search._fitting import ranking_log_odds
-
-    rng = np.random.default_rng(0)
-    truth = np.array([0.5, -0.3, 0.2])
-    X_exp = rng.normal(size=(200, 3))
-    X = rng.normal(size=(6, 3))
-    y = X @ truth + rng.normal(0, 0.01, 6)
-
-    def experience(coef):  # fitted on another job's many trials: confident
-        return StepTimeModel(residual="none").fit(X_exp, X_exp @ coef + 2.0)
-
-    prior = (np.zeros(3), np.full(3, 0.3))
-    right = ranking_log_odds(X, y, experience(truth), prior, 0.01**2)
-    wrong = ranking_log_odds(X, y, experience(-truth), prior, 0.01**2)
-    assert right > 1.0 and wrong < -10.0
-    ties = ranking_log_odds(X, np.zeros(6), experience(-truth), prior, 0.01**2)
-    assert abs(ties) < 1e-9  # all equal: no order to judge
-    assert ranking_log_odds(X[:1], y[:1], experience(-truth), prior, 0.01**2) == 0.0
-
-
 def test_searches_sharing_an_experience_cache_fit_it_once_and_decide_as_without_it():
     """The experience fit is cached in an explicit object the caller shares (no global): two
     searches with the same experience fit it once, and a search that refits it at every use

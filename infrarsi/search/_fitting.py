@@ -16,12 +16,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
 
 from infrarsi.models import FeatureEncoder, KnobPrior, PeakMemoryModel, StepTimeModel
 from infrarsi.models.crash import CrashModel, crash_dataset
 from infrarsi.models.peak_memory import has_memory_signal, interval_dataset
-from infrarsi.models.priors import coef_prior, monotone_signs
+from infrarsi.models.priors import monotone_signs
 from infrarsi.search._policy import (
     EXPERIENCE_CACHE_SIZE,
     OWN_CRASH_WEIGHT,
@@ -93,33 +92,6 @@ def _fit_experience(encoder: FeatureEncoder, records: Sequence[TrialRecord],
         mm = PeakMemoryModel.from_priors(encoder, list(priors), random_state=0)
         mm.fit(X_mem, bounds)
     return tm, mm
-
-
-def ranking_log_odds(X: np.ndarray, y: np.ndarray, experience: StepTimeModel,
-                     prior: tuple[np.ndarray, np.ndarray], noise_var: float) -> float:
-    """Log odds that ``experience`` (its model alone, before any own trial) orders the own
-    trials ``(X, y)`` (y: log step time) better than the priors (``(mean, std)`` of the
-    coefficients, :func:`~infrarsi.models.coef_prior`) do.
-
-    The pairwise likelihood of every observed order (which of two trials was faster) under
-    each model's predictive of the difference, coefficient uncertainty plus ``2 noise_var``,
-    scaled from the ``n (n - 1) / 2`` dependent pairs to ``n - 1`` comparisons. Trials within
-    the noise of each other are near-ties and weigh little either way; levels do not count
-    (experience from other hardware is off by a factor the residual's intercept takes).
-    """
-    n = len(y)
-    if n < 2:
-        return 0.0
-    i, j = np.triu_indices(n, 1)
-    dX, sign = X[i] - X[j], np.sign(y[i] - y[j])
-    mu = experience.predict(X)
-    _, cov = experience.coef_posterior()
-    var_e = np.einsum("ij,jk,ik->i", dX, cov, dX) + 2 * noise_var
-    mean_p, std_p = prior
-    var_p = (dX**2 * std_p**2).sum(axis=1) + 2 * noise_var
-    ll_e = norm.logcdf(sign * (mu[i] - mu[j]) / np.sqrt(var_e))
-    ll_p = norm.logcdf(sign * (dX @ mean_p) / np.sqrt(var_p))
-    return float((n - 1) * np.mean(ll_e - ll_p))
 
 
 class ExperienceCache:
@@ -257,8 +229,7 @@ class Fitter:
                                    prior_scales=TRANSFER_TIME_SCALES)
                 tm.fit(X, y - exp.time_model.predict(X))
                 rmu, rsd = tm.predict(X_pool, return_std=True)
-                mu, sd = self._trust_experience(X, y, X_pool, exp.time_model, tm,
-                                                exp.mu + rmu, rsd)
+                mu, sd = self._trust_experience(X, y, X_pool, tm, exp.mu + rmu, rsd)
             else:
                 tm = StepTimeModel.from_priors(self.encoder, self.priors, random_state=self.seed)
                 tm.fit(X, y)
@@ -294,29 +265,19 @@ class Fitter:
                    self.p_crash(records, X_pool), time_model=tm, memory_model=mm)
 
     def _trust_experience(self, X: np.ndarray, y: np.ndarray, X_pool: np.ndarray,
-                          experience: StepTimeModel, tm: StepTimeModel, mu: np.ndarray,
-                          sd: np.ndarray):
-        """The pool's (mean, std): experience's model (``mu``, ``sd``: ``experience`` plus the
-        own-trial residual ``tm``) averaged with the cold model of the same own trials, each
-        weighed by how well it *ranked* them before seeing them (:func:`ranking_log_odds`,
-        equal prior odds). With a single ok trial there is no order to judge, and the two
-        models' evidence of it decides.
-
-        Why not the models' evidence (as before): the residual bends experience's model to fit
-        the own trials wherever they sit, so its evidence stayed high while experience's ranking
-        was wrong for this hardware. H100 experience on vTrain's A100 GPT-39.1B favoured large
-        micro-batches, the slowest there; the evidence kept its weight at 0.8-1.0, the search
-        stayed on tp 8 and 2 of 10 seeds missed the best config (tp 4, pp 4, micro-batch 2).
-        The order of the own trials is what the search acts on, and it said so by the fifth.
-        """
+                          tm: StepTimeModel, mu: np.ndarray, sd: np.ndarray):
+        """The pool's (mean, std): experience's model (``mu``, ``sd``, its residual ``tm``)
+        averaged with the cold model of the same own trials, each weighed by how well it
+        explains them (Bayesian model averaging by the linear parts' evidence, equal prior
+        odds). Why: the residual alone can only correct experience where the own trials are;
+        when experience from other hardware ranks configs wrongly, the own trials, all where
+        experience pointed, cannot say so, and the search stayed there. The evidence can."""
         cold = StepTimeModel.from_priors(self.encoder, self.priors, random_state=self.seed)
         cold.fit(X, y)
-        if len(y) >= 2:
-            odds = ranking_log_odds(X, y, experience,
-                                    coef_prior(self.encoder, self.priors, "time"), tm.noise_var_)
-        else:  # no order to judge yet: the evidence of the one trial decides
-            odds = tm.log_evidence_ - cold.log_evidence_
-        w = float(1.0 / (1.0 + np.exp(np.clip(-odds, -50.0, 50.0))))  # P(experience | trials)
+        la, lb = getattr(tm, "log_evidence_", None), getattr(cold, "log_evidence_", None)
+        if la is None or lb is None:
+            return mu, sd
+        w = float(1.0 / (1.0 + np.exp(np.clip(lb - la, -50.0, 50.0))))  # P(experience | trials)
         self.experience_weight = w
         cmu, csd = cold.predict(X_pool, return_std=True)
         m = w * mu + (1 - w) * cmu
