@@ -4,8 +4,11 @@ in-process clock was tampered with reports the outside clock's true step times a
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import signal
 import statistics
+import sys
 import time
 
 import pytest
@@ -48,7 +51,7 @@ def test_a_process_keeps_its_timer_and_each_clock_reads_only_its_own_marks():
     assert second._timer.proc.pid == pid
     second.mark()
     second._timer.mark()  # a mark the clock did not make
-    second._timer.proc.stdin.write(b"e0123\n")  # a session the clock did not end
+    second._timer._send(b"e0123\n")  # a session the clock did not end
     second._timer.mark()
     second.mark()
     second.close()
@@ -61,6 +64,27 @@ def test_a_process_keeps_its_timer_and_each_clock_reads_only_its_own_marks():
     third.mark()
     third.close()
     assert third.check() is None and len(third.outside_marks) == 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kernel message stamps: Linux")
+def test_a_timer_the_scheduler_leaves_waiting_still_times_every_mark():
+    """On a busy machine the timer process can wait over a second for a CPU and then read
+    several marks at once (a CI run saw true step times [1.68, 9e-06, 1e-06] s and called an
+    honest trial tampered). The kernel stamps each mark when it is sent, so a stopped timer
+    still gives the true step times."""
+    clock = C.StepClock(torch.device("cpu"))
+    clock.mark()
+    os.kill(clock._timer.proc.pid, signal.SIGSTOP)
+    try:
+        for _ in range(3):
+            time.sleep(0.05)
+            clock.mark()
+        time.sleep(0.3)
+    finally:
+        os.kill(clock._timer.proc.pid, signal.SIGCONT)
+    clock.close()
+    assert clock.check() is None
+    assert clock.durations() == pytest.approx(clock._intervals(clock.marks), abs=0.003)
 
 
 def test_a_half_speed_clock_is_tampering_and_the_outside_times_are_reported(monkeypatch):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import secrets
 import select
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,14 +36,25 @@ import torch.distributed as dist
 _perf = time.perf_counter
 _wall = time.time
 
-# The timer process: one monotonic timestamp (ns) per mark line ("m") received. A session is
+# The timer process: one monotonic timestamp (ns) per mark message ("m") received. A session is
 # "s<tag>" ... "e<tag>": the end answers "<tag> <foreign ends> <timestamps...>" on one line and
-# the marks start over; an "e" line with another tag ends nothing and is counted as foreign
+# the marks start over; an "e" message with another tag ends nothing and is counted as foreign
 # (only the clock knows its tag: anything else writing to the timer is tampering).
 # It says "r" once it reads, so no mark is timestamped late by the timer's own start-up.
-TIMER_SRC = ("import sys,time\nm=time.monotonic_ns\nr=sys.stdin.buffer.readline\n"
+# Its stdin is a Unix seqpacket socket where the system has one: Linux stamps each message with
+# the time it was sent (SO_TIMESTAMPNS, CLOCK_REALTIME, moved to the monotonic clock at receipt),
+# so a timer process the scheduler left waiting still times every mark right. Elsewhere (a pipe,
+# or no stamp) a mark is timed when the timer reads it.
+TIMER_SRC = ("import socket,struct,sys,time\nm=time.monotonic_ns\nw=time.time_ns\n"
+             "try:s=socket.socket(fileno=0)\nexcept OSError:s=None\n"
+             "if s:\n try:s.setsockopt(1,35,1)\n except OSError:pass\n"
+             " def r():\n  d,a,_,_=s.recvmsg(256,64);t=m()\n"
+             "  for l,y,v in a:\n   if l==1 and y==35 and len(v)>=16:"
+             "q=struct.unpack('qq',v[:16]);t+=q[0]*10**9+q[1]-w()\n"
+             "  return d,t\n"
+             "else:\n i=sys.stdin.buffer.readline\n def r():return i(),m()\n"
              "o=sys.stdout\nts=[]\ng=b''\nx=0\no.write('r');o.flush()\n"
-             "while 1:\n l=r()\n t=m()\n if not l:break\n c=l[:1]\n"
+             "while 1:\n l,t=r()\n if not l:break\n c=l[:1]\n"
              " if c==b'm':ts.append(t)\n"
              " elif c==b's':g=l[1:-1];ts=[];x=0\n"
              " elif c==b'e' and g and l[1:-1]==g:"
@@ -109,8 +121,16 @@ class _Timer:
 
     def __init__(self) -> None:
         self.pid = os.getpid()  # a forked child must not share its parent's timer
-        self.proc = subprocess.Popen(TIMER_ARGS, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, bufsize=0)
+        try:  # a seqpacket socket: one message per mark, each stamped by the kernel (Linux)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except (AttributeError, OSError):  # no seqpacket here: a pipe, timed at receipt
+            ours = theirs = None
+        self._sock = ours
+        self.proc = subprocess.Popen(TIMER_ARGS, stdin=theirs or subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        if theirs is not None:
+            theirs.close()
+        self._send = ours.send if ours is not None else self.proc.stdin.write
         if self.proc.stdout.read(1) != b"r":
             self.kill()
             raise RuntimeError("the step timer process did not start (python -I -S -c ...)")
@@ -119,18 +139,18 @@ class _Timer:
         return self.proc.poll() is None
 
     def mark(self) -> None:
-        self.proc.stdin.write(b"m\n")
+        self._send(b"m\n")
 
     def begin_session(self) -> None:
         self.tag = secrets.token_hex(8)
-        self.proc.stdin.write(b"s" + self.tag.encode() + b"\n")
+        self._send(b"s" + self.tag.encode() + b"\n")
 
     def end_session(self) -> tuple[list[float], int] | None:
         """The session's mark timestamps (s) and how many session ends the timer received
         that this clock did not send; None when the timer does not answer (gone, or silent
         for :data:`TIMER_REPLY_TIMEOUT_S`)."""
         try:
-            self.proc.stdin.write(b"e" + self.tag.encode() + b"\n")
+            self._send(b"e" + self.tag.encode() + b"\n")
         except OSError:  # the timer is gone
             return None
         fd, buf = self.proc.stdout.fileno(), b""
@@ -150,14 +170,12 @@ class _Timer:
             buf += chunk
 
     def kill(self) -> None:
-        try:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        for f in (self.proc.stdin, self.proc.stdout):
+        """Let the timer go: closing its input ends it (no signal: a verifier's sandbox
+        refuses to send one)."""
+        for f in (self._sock, self.proc.stdin, self.proc.stdout):
             try:
-                f.close()
+                if f is not None:
+                    f.close()
             except OSError:
                 pass
 
