@@ -2,10 +2,10 @@
 
 Patches cannot touch this file (it is outside the editable scope and frozen by the contract),
 but the patched model runs in the same interpreter and could still reach the clock's objects at
-run time (its module globals, ``time``). So every synchronized step boundary is also sent over
-a pipe to a small **timer process** (:data:`TIMER_ARGS`: a bare ``python -I -S`` reading lines)
-that timestamps it with its own ``CLOCK_MONOTONIC``: nothing the patched code can rebind runs
-there. At the end the two clocks are compared; a disagreement scheduling cannot explain is
+run time (its module globals, ``time``). So every synchronized step boundary is also sent to a
+small **timer process** (:data:`TIMER_ARGS`: a bare ``python -I -S``) that timestamps it on its
+own ``CLOCK_MONOTONIC`` (on Linux from the kernel's send-time stamp of the message, see
+:data:`TIMER_SRC`): nothing the patched code can rebind runs there. At the end the two clocks are compared; a disagreement scheduling cannot explain is
 clock tampering (:class:`ClockTamperError`, whose message gives the outside clock's step times).
 
 A process keeps its timer between clocks (a warm pool's worker runs many trials): starting one
@@ -63,9 +63,9 @@ TIMER_SRC = ("import socket,struct,sys,time\nm=time.monotonic_ns\nw=time.time_ns
 TIMER_ARGS = (sys.executable, "-I", "-S", "-c", TIMER_SRC)
 TIMER_REPLY_TIMEOUT_S = 30.0
 
-# The two clocks read the same step boundaries, the outside one later: a pipe write and the
-# timer's wake-up, ~0.1 ms quiet, but on a heavily loaded box the timer can sleep through a
-# stretch of ~100 ms and read two marks at once. So an honest mark's lag (outside - inside) is
+# The two clocks read the same step boundaries, the outside one later: the send, then the
+# kernel's stamp (or, without one, the timer's wake-up: ~0.1 ms quiet, but on a heavily loaded
+# box it can sleep through ~100 ms and read two marks at once). So an honest mark's lag (outside - inside) is
 # never negative (the in-process stamp is taken before the write; both read CLOCK_MONOTONIC where
 # SAME_CLOCK) and is sometimes large. Tampering is called only on evidence scheduling cannot
 # produce, since missing a subtle one costs nothing (a trial's step times are always the outside
