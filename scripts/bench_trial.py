@@ -30,6 +30,12 @@ metered step and the reply): what is start-up and what is the contract's own war
 retired before the rest), i.e. fresh processes without Ray Train's per-job actors (controller,
 synchronization actor, placement-group cleaner). Warm vs new group isolates what reusing a group
 does to a step; new group vs fresh what Ray Train's own processes do to it on this machine.
+``--cpu-times`` also prints, per trial, the CPU every other process on the node took during the
+measured steps (their threads' scheduler run times; the trial's ranks excluded), with the three
+that took most: on a machine the ranks fill, that CPU is what the ranks waited for. It scans /proc
+just before the first measured step, so it adds to a trial's measured overhead: time overhead
+without it. ``--fresh-alone`` stops the pool's idle group while a fresh trial runs (a
+``--fresh-processes`` run has no pool beside it).
 
 Peak memory against micro-batch size: ``scripts/bench_memory.py``.
 """
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -78,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-group", action="store_true",
                     help="with --pool: a third arm, each trial on a pool group started for it "
                          "(fresh processes without Ray Train's per-job actors)")
+    ap.add_argument("--fresh-alone", action="store_true",
+                    help="with --pool: the pool's idle group is stopped (SIGSTOP) while a fresh "
+                         "trial runs, as in a --fresh-processes run, where no pool exists (its "
+                         "idle Ray workers take CPU the fresh trial's ranks could use)")
     ap.add_argument("--cpu-times", action="store_true",
                     help="with --pool: also each trial's CPU seconds per measured step on rank 0 "
                          "and the seconds its training thread waited for a CPU (more work, or more waiting?); "
@@ -192,19 +203,28 @@ def compare_pool(args) -> int:
                     if kind == "new group":  # its processes start for this trial
                         ray.get(_pool.existing_process_pool().retire_idle.remote())
                     time.sleep(args.gap)  # the previous trial's processes have exited
-                    rec = kinds[kind].execute(config)
+                    stopped = _stop_idle_pool() if kind == "fresh" and args.fresh_alone else []
+                    try:
+                        rec = kinds[kind].execute(config)
+                    finally:
+                        for pid in stopped:
+                            os.kill(pid, signal.SIGCONT)
                     cpu = _last_cpu(cpu_log)
                     if phase_log is not None:
                         rec.extra["phases"] = _phases(_last_cpu(phase_log), rec)
                     if cpu is not None:
                         rec.extra["cpu_per_step_s"], rec.extra["wait_per_step_s"] = cpu[0], cpu[4]
                         rec.extra["thread_cpu_per_step_s"] = cpu[7]
+                        rec.extra["others_cpu_per_step_s"] = cpu[9]
                     print(f"  {name} round {i} {kind:9}: {rec.summary()}"
                           + (f" | rank 0 over the measured steps: cpu/step {cpu[0] * 1e3:.0f} ms "
                              f"(training thread {cpu[7] * 1e3:.0f} ms), "
                              f"gc {cpu[1] * 1e3:.0f} ms ({cpu[2]} full), {cpu[3]} objects, "
                              f"waited for a CPU {cpu[4] * 1e3:.0f} ms/step; process: "
-                             f"{cpu[5]:.0f} page faults/step, system CPU {cpu[6] * 1e3:.0f} ms/step"
+                             f"{cpu[5]:.0f} page faults/step (training thread {cpu[8]:.0f}), "
+                             f"system CPU {cpu[6] * 1e3:.0f} ms/step; other processes "
+                             f"{cpu[9] * 1e3:.0f} ms/step (most: "
+                             + ", ".join(f"{c} {cmd}" for c, cmd in cpu[10]) + ")"
                              if cpu is not None else ""), flush=True)
                     rows[kind].append(rec)
             shutdown_process_pool()
@@ -243,12 +263,33 @@ def compare_pool(args) -> int:
         if all(waits.values()):
             print(f"  {name}: rank 0's training thread waited for a CPU, median per measured "
                   "step: " + ", ".join(f"{k} {med(v) * 1e3:.0f} ms" for k, v in waits.items()))
+        others = {k: [r.extra["others_cpu_per_step_s"] for r in recs if "others_cpu_per_step_s" in r.extra]
+                  for k, recs in rows.items()}
+        if all(others.values()):
+            print(f"  {name}: CPU of every other process on the node (not the trial's ranks), median "
+                  "per measured step: " + ", ".join(f"{k} {med(v) * 1e3:.0f} ms" for k, v in others.items()))
         for label, ratios in (("process", cpu), ("training thread", thread)):
             if ratios:
                 print(f"  {name}: warm/fresh CPU seconds per measured step (rank 0, {label}): "
                       f"geometric mean {math.exp(statistics.fmean(math.log(x) for x in ratios)):.3f}"
                       f", pairs {[round(x, 2) for x in ratios]}")
     return 0
+
+
+def _stop_idle_pool() -> list[int]:
+    """SIGSTOP every process of the driver's pool (its idle groups' workers); their pids."""
+    import ray
+
+    from infrarsi.backends.ray_train import _pool
+
+    pool = _pool.existing_process_pool()
+    if pool is None:
+        return []
+    handles = [w for ws in ray.get(pool.workers.remote()).values() for w in ws]
+    pids = [n["pid"] for n in ray.get([w.node.remote() for w in handles])]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
 
 
 def _print_ratio(name: str, a: str, b: str, rows_a: list, rows_b: list) -> None:
@@ -296,8 +337,45 @@ def _cpu_time_hook(path: str):
         gc.callbacks.append(lambda phase, info: gc_log.append(
             (time.perf_counter(), info["generation"], phase)))
 
+        def _thread_faults() -> int:
+            """Minor page faults of the calling (training) thread (/proc stat field 10)."""
+            try:
+                with open("/proc/thread-self/stat") as f:
+                    return int(f.read().rsplit(")", 1)[1].split()[7])
+            except (OSError, IndexError, ValueError):
+                return 0
+
+        _RANKS = ("ray::RayTrainWorker", "ray::PoolWorker.run")  # a busy rank's process title
+
+        def _others() -> dict[int, tuple[str, float]]:
+            """CPU seconds of every other process on this node, by pid (who shares the CPUs):
+            the sum of its threads' scheduler run times (ns, not clock ticks)."""
+            import os
+
+            me, out = os.getpid(), {}
+            for d in os.listdir("/proc"):
+                if not d.isdigit() or int(d) == me:
+                    continue
+                try:
+                    run = 0
+                    for t in os.listdir(f"/proc/{d}/task"):
+                        with open(f"/proc/{d}/task/{t}/schedstat") as f:
+                            run += int(f.read().split()[0])
+                    with open(f"/proc/{d}/cmdline", "rb") as f:
+                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                    if not cmd:
+                        with open(f"/proc/{d}/comm") as f:
+                            cmd = f.read().strip()
+                except (OSError, ValueError, IndexError):
+                    continue
+                out[int(d)] = (cmd[:60], run / 1e9)
+            return out
+
         def timed_mark(self):
+            if not self.__dict__.get("_cpu"):  # before the clock starts: off the measured steps
+                self.__dict__["_others0"] = _others()
             out = mark(self)
+            self.__dict__.setdefault("_tfaults", []).append(_thread_faults())
             use = resource.getrusage(resource.RUSAGE_SELF)
             self.__dict__.setdefault("_faults", []).append((use.ru_minflt, use.ru_stime))
             self.__dict__.setdefault("_cpu", []).append(time.process_time())
@@ -317,11 +395,21 @@ def _cpu_time_hook(path: str):
                     waits, faults = self.__dict__.get("_wait", []), self.__dict__.get("_faults", [])
                     n = len(cpus) - 1
                     thread = self.__dict__.get("_thread", [])
+                    tfaults = self.__dict__.get("_tfaults", [0])
+                    before, after = self.__dict__.get("_others0", {}), _others()
+                    # The trial's other ranks are busy by design; everything else that ran
+                    # took CPU the ranks could have used (a box the ranks fill).
+                    others = sorted(((after[p][1] - c, cmd.strip()) for p, (cmd, c) in before.items()
+                                     if p in after and not cmd.startswith(_RANKS)), reverse=True)
                     f.write(json.dumps([(cpus[-1] - cpus[0]) / n, gc_s, gen2,
                                         len(gc.get_objects()), (waits[-1] - waits[0]) / n,
                                         (faults[-1][0] - faults[0][0]) / n,
                                         (faults[-1][1] - faults[0][1]) / n,
-                                        (thread[-1] - thread[0]) / n]) + "\n")
+                                        (thread[-1] - thread[0]) / n,
+                                        (tfaults[-1] - tfaults[0]) / n,
+                                        sum(c for c, _ in others) / n,
+                                        [(round(c / n * 1e3, 1), cmd[:40]) for c, cmd in others[:3]]])
+                            + "\n")
             gc_log.clear()
             return close(self)
 
