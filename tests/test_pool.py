@@ -150,9 +150,9 @@ def test_fresh_processes_runs_a_torchtrainer_job_and_frees_the_idle_pool(tmp_pat
     rec = fresh.execute(config)
     assert rec.ok, rec.error_message
     assert "pool" not in rec.extra
-    # The job started no actor the trial does not use: Ray Train's Ray Data manager and
-    # preemption watcher started while the ranks ran and took the CPU from their measured steps.
+    # The job started no actor the trial does not use: Ray Train's Ray Data manager, preemption
+    # watcher and placement-group cleaner ran beside the ranks and took CPU from their steps.
     started = {a["ActorClassName"].rsplit(".", 1)[-1] for a in ray._private.state.actors().values()}
     assert "TrainController" in started, started  # the listing sees this job's actors
-    assert not started & {"DatasetManager", "PreemptionWatcher"}, started
+    assert not started & {"DatasetManager", "PreemptionWatcher", "PlacementGroupCleaner"}, started
     warm.close()

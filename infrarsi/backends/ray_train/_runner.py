@@ -161,7 +161,7 @@ def run_trainer(payload: dict[str, Any], scaling: dict[str, Any], *, backend: st
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", _PREEMPTION_WATCHER)
     t0 = time.time()
     try:
-        trainer = _trainer_without_data_actor(TorchTrainer)(
+        trainer = _trainer_without_per_job_actors(TorchTrainer)(
             train_fn,
             train_loop_config=payload,
             scaling_config=ScalingConfig(**({"num_workers": 0} if local_mode else scaling)),
@@ -179,24 +179,36 @@ def run_trainer(payload: dict[str, Any], scaling: dict[str, Any], *, backend: st
         return TrainerOutcome.failed(t0, status, kind, message)
 
 
-@functools.cache  # one subclass per trainer class, not one per trial
-def _trainer_without_data_actor(trainer_cls):
-    """``trainer_cls`` without Ray Data's per-job ``DatasetManager`` actor when the job is
-    given no Ray Dataset (trials read their data in the harness, never through Ray Data).
+# Ray Train V2's per-job actors a trial does without (class names of the callbacks that start them).
+_UNUSED_PER_JOB_CALLBACKS = ("DatasetsCallback", "PlacementGroupCleanerCallback")
 
-    Why: Ray Train V2 starts that actor (and the watcher above) while the ranks already run; on
-    a machine with few cores their start-up (a Python process importing ray.data, ~1 CPU-s
-    each) ran during the measured steps, so a fresh trial's step read ~1.9x a warm pool
-    trial's on 2 cores (``scripts/bench_trial.py --pool``'s A/A check). Workers accept a
-    train context without a shard provider (``Worker.init_train_context``'s default None).
-    ``_create_default_callbacks`` is Ray's private seam; on a Ray without it nothing changes."""
+
+@functools.cache  # one subclass per trainer class, not one per trial
+def _trainer_without_per_job_actors(trainer_cls):
+    """``trainer_cls`` without two per-job actors of Ray Train V2 that a trial does not need:
+
+    - Ray Data's ``DatasetManager`` when the job is given no Ray Dataset (trials read their data
+      in the harness, never through Ray Data). Workers accept a train context without a shard
+      provider (``Worker.init_train_context``'s default None).
+    - the detached ``PlacementGroupCleaner``, which removes the job's placement group if its
+      controller dies: a trial's killed controller leaves an orphan that
+      ``_reaper.reap_orphaned_placement_groups`` removes (Ray's cleaner looks its controller up
+      through the state API, which cannot find its cluster where several Ray instances run).
+
+    Why: both start while the ranks already run, and keep working during the measured steps. On
+    a machine the ranks fill, that CPU comes out of their steps: the Ray Data actor's start-up
+    (a Python process importing ray.data, ~1 CPU-s) made a fresh trial's step read ~1.9x a warm
+    pool trial's on 2 cores; the cleaner's once-a-second state-API poll took ~2 ms of CPU per
+    ~0.16 s step (``scripts/bench_trial.py --pool --cpu-times``). ``_create_default_callbacks``
+    is Ray's private seam; on a Ray without it nothing changes."""
 
     class Trainer(trainer_cls):
         def _create_default_callbacks(self):
             callbacks = super()._create_default_callbacks()
+            unused = set(_UNUSED_PER_JOB_CALLBACKS)
             if getattr(self, "datasets", None):
-                return callbacks
-            return [c for c in callbacks if type(c).__name__ != "DatasetsCallback"]
+                unused.discard("DatasetsCallback")
+            return [c for c in callbacks if type(c).__name__ not in unused]
 
     Trainer.__name__ = Trainer.__qualname__ = trainer_cls.__name__
     return Trainer

@@ -329,6 +329,8 @@ class RayTrainBackend(Backend):
             try:
                 return ray.get(ready[0])
             except ray.exceptions.RayError as e:  # the runner itself died (node lost)
+                ray.kill(runner, no_restart=True)
+                reap_orphaned_placement_groups()  # its controller's placement group
                 return TrainerOutcome.failed(t0, TrialStatus.ERROR, ErrorKind.WORKER_LOST, f"{type(e).__name__}: {e}")
             finally:
                 ray.kill(runner, no_restart=True)
