@@ -18,9 +18,11 @@ with warm ones (the worker pool, ``infrarsi run``'s default), interleaved in pai
 alternates (F W, W F, ...) after one untimed trial that starts the warm group. It prints each
 kind's median overhead (submit -> first measured step), median trial wall, the overhead's share
 of the wall, trials per hour (3600 / median wall) and their ratio, and the A/A check: the
-warm/fresh ratio of the pairs' median step times, with a 95% t-interval of its log. Ray gets
-twice this machine's CPUs as logical CPUs so an idle warm group and a fresh trial both fit (an
-idle actor uses no CPU; only one trial runs at a time). Trials run at the driver's CPU priority
+warm/fresh ratio of the pairs' median step times, with a 95% t-interval of its log. A fresh
+trial runs as in a ``--fresh-processes`` run, with no pool beside it: the idle warm group is
+retired first (an idle Ray worker process still takes a few ms of CPU a second), and a warm trial
+after it is preceded by one untimed trial that starts its group, so every timed warm trial runs
+on a group that ran a trial before. Trials run at the driver's CPU priority
 (as a run's do) and after ``--gap`` seconds of rest (default 5), so a warm trial never times its
 steps while the previous fresh job's processes exit. ``--phases`` adds where each kind's wall
 goes on rank 0 (submit -> rank 0 runs, workspace files, timer + entry import, model build, the
@@ -34,8 +36,7 @@ does to a step; new group vs fresh what Ray Train's own processes do to it on th
 measured steps (their threads' scheduler run times; the trial's ranks excluded), with the three
 that took most: on a machine the ranks fill, that CPU is what the ranks waited for. It scans /proc
 just before the first measured step, so it adds to a trial's measured overhead: time overhead
-without it. ``--fresh-alone`` stops the pool's idle group while a fresh trial runs (a
-``--fresh-processes`` run has no pool beside it).
+without it.
 
 Peak memory against micro-batch size: ``scripts/bench_memory.py``.
 """
@@ -45,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -85,10 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-group", action="store_true",
                     help="with --pool: a third arm, each trial on a pool group started for it "
                          "(fresh processes without Ray Train's per-job actors)")
-    ap.add_argument("--fresh-alone", action="store_true",
-                    help="with --pool: the pool's idle group is stopped (SIGSTOP) while a fresh "
-                         "trial runs, as in a --fresh-processes run, where no pool exists (its "
-                         "idle Ray workers take CPU the fresh trial's ranks could use)")
     ap.add_argument("--cpu-times", action="store_true",
                     help="with --pool: also each trial's CPU seconds per measured step on rank 0 "
                          "and the seconds its training thread waited for a CPU (more work, or more waiting?); "
@@ -194,21 +190,20 @@ def compare_pool(args) -> int:
             rows = out[name] = {k: [] for k in kinds}
             arms = list(kinds)
             for i in range(args.repeats):
-                # Each arm takes each place in the order equally often (rotated, reversed on
-                # odd repeats): no arm always follows the same one.
+                # Each arm takes each place in the order equally often (rotated, and reversed
+                # on every other cycle of rotations): no arm always follows the same one.
                 order = arms[i % len(arms):] + arms[:i % len(arms)]
-                if i % 2:
+                if (i // len(arms)) % 2:
                     order.reverse()
                 for kind in order:
                     if kind == "new group":  # its processes start for this trial
                         ray.get(_pool.existing_process_pool().retire_idle.remote())
+                    elif kind == "fresh":  # as in a --fresh-processes run: no pool beside it
+                        ray.get(_pool.existing_process_pool().retire_idle.remote())
+                    elif kind == "warm" and not ray.get(_pool.existing_process_pool().workers.remote()):
+                        kinds["warm"].execute(config)  # untimed: the group's first trial
                     time.sleep(args.gap)  # the previous trial's processes have exited
-                    stopped = _stop_idle_pool() if kind == "fresh" and args.fresh_alone else []
-                    try:
-                        rec = kinds[kind].execute(config)
-                    finally:
-                        for pid in stopped:
-                            os.kill(pid, signal.SIGCONT)
+                    rec = kinds[kind].execute(config)
                     cpu = _last_cpu(cpu_log)
                     if phase_log is not None:
                         rec.extra["phases"] = _phases(_last_cpu(phase_log), rec)
@@ -274,22 +269,6 @@ def compare_pool(args) -> int:
                       f"geometric mean {math.exp(statistics.fmean(math.log(x) for x in ratios)):.3f}"
                       f", pairs {[round(x, 2) for x in ratios]}")
     return 0
-
-
-def _stop_idle_pool() -> list[int]:
-    """SIGSTOP every process of the driver's pool (its idle groups' workers); their pids."""
-    import ray
-
-    from infrarsi.backends.ray_train import _pool
-
-    pool = _pool.existing_process_pool()
-    if pool is None:
-        return []
-    handles = [w for ws in ray.get(pool.workers.remote()).values() for w in ws]
-    pids = [n["pid"] for n in ray.get([w.node.remote() for w in handles])]
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    return pids
 
 
 def _print_ratio(name: str, a: str, b: str, rows_a: list, rows_b: list) -> None:
