@@ -43,14 +43,17 @@ _wall = time.time
 # It says "r" once it reads, so no mark is timestamped late by the timer's own start-up.
 # Its stdin is a Unix seqpacket socket where the system has one: Linux stamps each message with
 # the time it was sent (SO_TIMESTAMPNS, CLOCK_REALTIME, moved to the monotonic clock at receipt),
-# so a timer process the scheduler left waiting still times every mark right. Elsewhere (a pipe,
+# so a timer process the scheduler left waiting still times every mark right. The move reads the
+# real-time clock before the monotonic one: a timer preempted between the two reads then dates a
+# mark later, never earlier, than it was sent (earlier would read as the trial's clock running
+# ahead: tampering). Elsewhere (a pipe,
 # or no stamp) a mark is timed when the timer reads it.
 TIMER_SRC = ("import socket,struct,sys,time\nm=time.monotonic_ns\nw=time.time_ns\n"
              "try:s=socket.socket(fileno=0)\nexcept OSError:s=None\n"
              "if s:\n try:s.setsockopt(1,35,1)\n except OSError:pass\n"
-             " def r():\n  d,a,_,_=s.recvmsg(256,64);t=m()\n"
+             " def r():\n  d,a,_,_=s.recvmsg(256,64);z=w();t=m()\n"
              "  for l,y,v in a:\n   if l==1 and y==35 and len(v)>=16:"
-             "q=struct.unpack('qq',v[:16]);t+=q[0]*10**9+q[1]-w()\n"
+             "q=struct.unpack('qq',v[:16]);t+=q[0]*10**9+q[1]-z\n"
              "  return d,t\n"
              "else:\n i=sys.stdin.buffer.readline\n def r():return i(),m()\n"
              "o=sys.stdout\nts=[]\ng=b''\nx=0\no.write('r');o.flush()\n"
