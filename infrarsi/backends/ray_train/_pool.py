@@ -45,7 +45,8 @@ cannot start does. When a warm group's nodes stay busy while the cluster has roo
 group is retired and the trial starts a new one there. GPU groups keep their resources while
 idle (``CUDA_VISIBLE_DEVICES`` is fixed when a rank starts: a rank cannot move to another GPU);
 they are retired when a new group needs the room. Idle groups are bounded: at most
-``MAX_IDLE_GROUPS`` (the oldest retired first), none idle longer than ``IDLE_RETIRE_S``.
+``MAX_IDLE_GROUPS`` (the oldest retired first), none idle longer than ``IDLE_KEEP_S`` (a CPU
+group) or ``IDLE_RETIRE_S`` (a GPU group).
 
 One :class:`TrialPool` actor per driver process (:func:`process_pool`), pinned to the driver's
 node and owned by the driver, so it and its groups end with the driver. Tune's trial processes
@@ -84,10 +85,15 @@ from infrarsi.backends.ray_train._classify import classify
 # resources (GPU groups) are retired when the free resources are short; if it is still not
 # ready after this long, every idle group holding resources is retired.
 _PLACE_PATIENCE_S = 5.0
-# An idle group is retired after this long (a driver that never closes its pool must not keep
-# processes, or a GPU group's GPUs, from other Ray work); between a run's trials the gap is
-# seconds.
+# An idle group that holds resources (a GPU group) is retired after this long: a driver that
+# never closes its pool must not keep GPUs from other Ray work; between a run's trials of one
+# group the gap is seconds.
 IDLE_RETIRE_S = 60.0
+# An idle group that holds none (a CPU group: only its processes' memory) is retired after this
+# long. Longer, because patched trials (a group each) can run for minutes between two trials of
+# the untouched code: in the README demo 4-5 of them in a row (~25 s each on 2 cores) outlived
+# a 60 s limit, and the untouched code's next trial started a group again.
+IDLE_KEEP_S = 600.0
 # At most this many idle groups stay alive (each keeps its ranks' processes, with torch loaded,
 # in memory); the longest idle is retired first. A run alternates few code versions at a time.
 MAX_IDLE_GROUPS = 4
@@ -367,7 +373,8 @@ class TrialPool:
             time.sleep(IDLE_RETIRE_S / 6)
             now = time.time()
             with self._lock:
-                old = [g for g in self._idle if now - g.idle_since > IDLE_RETIRE_S]
+                old = [g for g in self._idle if now - g.idle_since
+                       > (IDLE_RETIRE_S if g.pg is not None else IDLE_KEEP_S)]
                 self._idle = [g for g in self._idle if g not in old]
             for g in old:
                 self._kill(g)
