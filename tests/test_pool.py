@@ -5,6 +5,8 @@ Real Ray actors with a real gloo process group on this CPU: marked slow.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 from conftest import copy_task, inject_into_dense
@@ -156,3 +158,88 @@ def test_fresh_processes_runs_a_torchtrainer_job_and_frees_the_idle_pool(tmp_pat
     assert "TrainController" in started, started  # the listing sees this job's actors
     assert not started & {"DatasetManager", "PreemptionWatcher", "PlacementGroupCleaner"}, started
     warm.close()
+
+
+def _free_cpus_become(n: float, timeout: float = 20.0) -> float:
+    """The cluster's free CPUs once they reach ``n`` (Ray reports them with a short lag), else
+    what they were at the timeout."""
+    deadline = time.time() + timeout
+    while True:
+        free = ray.available_resources().get("CPU", 0.0)
+        if free == n or time.time() > deadline:
+            return free
+        time.sleep(0.2)
+
+
+def test_an_idle_group_holds_no_cpus_so_a_patched_trial_leaves_the_code_s_group_warm(
+        tmp_path, ray_local):
+    """On 2 CPUs, a 2-rank group of the untouched code stays warm while a 2-rank patched trial
+    runs: idle, it holds no CPUs (each trial leases them while it runs), so the patched trial's
+    group fits beside it and the next untouched trial runs warm in the first group."""
+    plain_task = copy_task(tmp_path / "plain")
+    patched_task = copy_task(tmp_path / "patched")
+    inject_into_dense(patched_task, SCALED)
+    plain = RayTrainBackend(load_task(plain_task))
+    patched = RayTrainBackend(load_task(patched_task), untrusted_code=True)
+    config = {**plain.baseline_config(), "num_workers": 2}
+    assert ray.cluster_resources()["CPU"] == 2
+    first = plain.execute(config)
+    assert first.ok, first.error_message
+    assert _free_cpus_become(2) == 2  # the idle group holds none
+    with_patch = patched.execute(config)
+    third = plain.execute(config)
+    assert with_patch.ok and third.ok, (with_patch.error_message, third.error_message)
+    assert group_of(third) == group_of(first) and third.extra["pool"]["warm"]
+    assert group_of(with_patch) != group_of(first)
+    assert third.loss_trace == first.loss_trace
+    assert set(_pool_workers()) == {group_of(first)}
+    assert _free_cpus_become(2) == 2
+    plain.close()
+
+
+def test_a_trial_s_lease_is_released_after_a_crash_and_a_hang(tmp_path, ray_local):
+    """A trial's CPUs are leased while it runs and given back however it ends: crashed (the
+    group retired) or hung past its deadline (the pool ends it)."""
+    marker = tmp_path / "hang-now"
+    faulty = (f"import os as _os, time as _time\n_orig_build = build_dense\n"
+              f"def build_dense(shape):\n"
+              f"    if _os.path.exists({str(marker)!r}):\n        _time.sleep(3600)\n"
+              f"    raise ZeroDivisionError('injected')\n")
+    task = copy_task(tmp_path)
+    inject_into_dense(task, faulty)
+    backend = RayTrainBackend(load_task(task))
+    config = {**backend.baseline_config(), "num_workers": 2}
+    crashed = backend.execute(config)
+    assert crashed.error_kind is ErrorKind.CRASH, crashed.error_message
+    assert _free_cpus_become(2) == 2 and _pool_workers() == {}
+
+    marker.touch()
+    pool = _pool.existing_process_pool()
+    key = _pool.group_key(config, device="cpu", backend="gloo", collective_timeout_s=300,
+                          placement_strategy=backend.spec.trial.placement_strategy,
+                          code="hangs")
+    ref = pool.run.remote(key, backend.payload(config), time.time() + 60.0, "hung")
+    assert _free_cpus_become(0) == 0  # leased while it starts and runs
+    reply = ray.get(ref, timeout=180)
+    # ended by the trial's deadline (a group that could not start says why before the message)
+    assert not reply["ok"] and (reply["error_kind"], reply["message"]) == ("timeout", "hung")
+    assert _free_cpus_become(2) == 2 and _pool_workers() == {}
+    backend.close()
+
+
+def test_idle_groups_are_bounded_oldest_retired_first(tmp_path, ray_local):
+    """Past ``MAX_IDLE_GROUPS`` idle groups (each keeps its processes in memory), the one idle
+    longest is retired when another goes idle."""
+    backends = []
+    for i in range(_pool.MAX_IDLE_GROUPS + 1):
+        task = copy_task(tmp_path / f"v{i}")
+        inject_into_dense(task, f"_VERSION = {i}\n")  # one group per code version
+        backends.append(RayTrainBackend(load_task(task)))
+    config = {**backends[0].baseline_config(), "num_workers": 1}
+    records = [b.execute(config) for b in backends]
+    assert all(r.ok for r in records), [r.error_message for r in records]
+    live = set(_pool_workers())
+    assert len(live) == _pool.MAX_IDLE_GROUPS
+    assert group_of(records[0]) not in live and group_of(records[-1]) in live
+    assert _free_cpus_become(2) == 2
+    backends[0].close()

@@ -32,6 +32,22 @@ A trial that fails in any way (crash, OOM, compile error, hang, lost worker) ret
 the actors are killed and the next trial gets a fresh group. A worker whose loaded ``infrarsi``
 sources changed on disk since it started is stale: its group is retired before the next trial.
 
+Resources: an idle CPU group holds none, so a warm group per code version fits on a small
+machine (on 2 CPUs, the untouched code's group stays warm while patched trials come and go).
+Its actors are placed with ``num_cpus=0``, each pinned to the node where its rank was first
+placed; a trial on the group first takes a **lease**: a placement group of the trial's bundles
+(``num_threads`` CPUs per rank) pinned to those nodes (``bundle_label_selector`` on the node-id
+label), so Ray accounts the CPUs while the trial runs and other Ray work, and other trials of
+this pool, wait for them as they would for a group's own placement group. The lease is removed
+when the trial ends, whatever the outcome (after the group's tidy-up on success: that is work
+on those CPUs too); a trial whose lease is not placed before its deadline fails as a group that
+cannot start does. When a warm group's nodes stay busy while the cluster has room elsewhere, the
+group is retired and the trial starts a new one there. GPU groups keep their resources while
+idle (``CUDA_VISIBLE_DEVICES`` is fixed when a rank starts: a rank cannot move to another GPU);
+they are retired when a new group needs the room. Idle groups are bounded: at most
+``MAX_IDLE_GROUPS`` (the oldest retired first), none idle longer than ``IDLE_KEEP_S`` (a CPU
+group) or ``IDLE_RETIRE_S`` (a GPU group).
+
 One :class:`TrialPool` actor per driver process (:func:`process_pool`), pinned to the driver's
 node and owned by the driver, so it and its groups end with the driver. Tune's trial processes
 reach it by name (:func:`connect`).
@@ -52,7 +68,12 @@ from datetime import timedelta
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import (
+    NODE_ID_LABEL_KEY,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
     PlacementGroupSchedulingStrategy,
@@ -60,12 +81,24 @@ from ray.util.scheduling_strategies import (
 
 from infrarsi.backends.ray_train._classify import classify
 
-# Before a new group is placed, idle groups are retired when the free resources are short; if
-# the placement group is still not ready after this long, every idle group is retired.
+# Before a placement group (a new group's or a trial's lease) is made, idle groups that hold
+# resources (GPU groups) are retired when the free resources are short; if it is still not
+# ready after this long, every idle group holding resources is retired.
 _PLACE_PATIENCE_S = 5.0
-# An idle group gives its CPUs/GPUs back after this long (a driver that never closes its pool
-# must not starve other Ray work); between a run's trials the gap is seconds.
+# An idle group that holds resources (a GPU group) is retired after this long: a driver that
+# never closes its pool must not keep GPUs from other Ray work; between a run's trials of one
+# group the gap is seconds.
 IDLE_RETIRE_S = 60.0
+# An idle group that holds none (a CPU group: only its processes' memory) is retired after this
+# long. Longer, because patched trials (a group each) can run for minutes between two trials of
+# the untouched code: in the README demo 4-5 of them in a row (~25 s each on 2 cores) outlived
+# a 60 s limit, and the untouched code's next trial started a group again.
+IDLE_KEEP_S = 600.0
+# At most this many idle groups stay alive (each keeps its ranks' processes, with torch loaded,
+# in memory); the longest idle is retired first. A run alternates few code versions at a time.
+MAX_IDLE_GROUPS = 4
+# A lease outlives its trial until the group's tidy-up is done, at most this long.
+_TIDY_WAIT_S = 60.0
 
 
 def group_key(config: dict[str, Any], *, device: str, backend: str, collective_timeout_s: int,
@@ -211,7 +244,11 @@ class PoolWorker:
     compile caches and global settings reset, memory statistics reset, garbage collected.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, num_threads: int) -> None:
+        # A CPU group's rank is placed with num_cpus=0 (its trial's lease holds the CPUs), for
+        # which Ray sets OMP_NUM_THREADS=1; a Train worker (and a rank holding its CPUs) sees
+        # the CPUs it was given. Set before the harness's first OpenMP use.
+        os.environ["OMP_NUM_THREADS"] = str(max(1, int(num_threads)))
         from infrarsi.backends.ray_train import _runner  # noqa: F401 - loads the harness now
 
         self._sources = _loaded_sources()
@@ -290,12 +327,30 @@ class PoolWorker:
 # ---- the pool: groups by key --------------------------------------------------------------------
 @dataclass
 class _Group:
+    """A live group. ``pg``: the placement group it holds while idle (GPU groups; None for a
+    CPU group, whose trials take a lease); ``nodes``: each rank's node id (where leases go);
+    ``lease``: its last trial's lease while the group tidies up (the next trial on the group
+    takes it over instead of placing a new one)."""
+
     key: dict[str, Any]
     workers: list[Any]
-    pg: Any
+    pg: Any = None
+    nodes: list[str] = field(default_factory=list)
+    lease: Any = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     trials: int = 0
     idle_since: float = 0.0
+
+
+def _bundles(key: dict[str, Any]) -> list[dict[str, float]]:
+    """One bundle per rank: its threads' CPUs, and one GPU on CUDA."""
+    bundle = {"CPU": float(key["num_threads"]), **({"GPU": 1.0} if key["device"] == "cuda" else {})}
+    return [dict(bundle) for _ in range(int(key["num_workers"]))]
+
+
+def _fits(bundles: list[dict[str, float]], free: dict[str, float]) -> bool:
+    return all(free.get(r, 0.0) >= sum(b.get(r, 0.0) for b in bundles)
+               for r in {r for b in bundles for r in b})
 
 
 class GroupStartError(RuntimeError):
@@ -318,7 +373,8 @@ class TrialPool:
             time.sleep(IDLE_RETIRE_S / 6)
             now = time.time()
             with self._lock:
-                old = [g for g in self._idle if now - g.idle_since > IDLE_RETIRE_S]
+                old = [g for g in self._idle if now - g.idle_since
+                       > (IDLE_RETIRE_S if g.pg is not None else IDLE_KEEP_S)]
                 self._idle = [g for g in self._idle if g not in old]
             for g in old:
                 self._kill(g)
@@ -326,50 +382,47 @@ class TrialPool:
     # -- public --
     def run(self, key: dict[str, Any], payload: dict[str, Any], deadline: float,
             timeout_message: str) -> dict[str, Any]:
-        """One trial on a warm group (or a new one): the same outcome dict as ``run_trainer``
-        (``ok``/``value`` or ``status``/``error_kind``/``message``), plus ``group``,
-        ``warm`` (whether the group had run a trial before) and ``t_end``."""
+        """One trial on a warm group (or a new one), under a lease of its CPUs: the same outcome
+        dict as ``run_trainer`` (``ok``/``value`` or ``status``/``error_kind``/``message``), plus
+        ``group``, ``warm`` (whether the group had run a trial before) and ``t_end``."""
         try:
-            group, warm = self._take(key, deadline)
+            group, warm, lease = self._take(key, deadline)
         except Exception as e:  # noqa: BLE001 - a group that cannot start is a failed trial
             if isinstance(e, GroupStartError):
                 return self._failed("error", "timeout", f"{e}. {timeout_message}")
             status, kind, message = classify(e)
             return self._failed(status.value, kind.value if kind else None, message)
-        with self._lock:
-            self.stats["trials"] += 1
-            self.stats["warm_trials"] += int(warm)
-        info = {"group": group.id, "warm": warm}
-        refs = [w.run.remote(payload) for w in group.workers]
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.time()))
-            if not ready:
-                self._retire(group)
-                return {**self._failed("error", "timeout", timeout_message), **info}
-            try:
-                ray.get(ready[0])
-            except Exception as e:  # noqa: BLE001 - the first rank to fail names the cause
-                self._retire(group)
-                status, kind, message = classify(e)
-                return {**self._failed(status.value, kind.value if kind else None, message), **info}
-        value = ray.get(refs[0])
-        group.trials += 1
-        if key.get("single_use"):  # untrusted code ran in these processes: no later trial may
+        try:
+            with self._lock:
+                self.stats["trials"] += 1
+                self.stats["warm_trials"] += int(warm)
+            reply = {**self._run_on(group, payload, deadline, timeout_message),
+                     "group": group.id, "warm": warm}
+            if reply["ok"]:
+                group.trials += 1
+                if key.get("single_use"):  # untrusted code ran in these processes: no later trial
+                    self._retire(group)
+                else:
+                    tidy = [w.tidy.remote() for w in group.workers]  # after the reply, off its clock
+                    self._hold_lease(group, lease, until=tidy)
+                    lease = None  # the group holds it now
+                    self._release(group)
+            return reply
+        except BaseException:
             self._retire(group)
-        else:
-            for w in group.workers:  # after the reply, not on the trial's clock
-                w.tidy.remote()
-            self._release(group)
-        return {"ok": True, "value": value, "t_end": time.time(), **info}
+            raise
+        finally:
+            _remove_quietly(lease)
 
-    def retire_idle(self) -> int:
-        """Retire every idle group (their CPUs and GPUs are free again). Returns how many."""
+    def retire_idle(self, holding_only: bool = False) -> int:
+        """Retire every idle group (``holding_only``: those holding their resources while idle,
+        i.e. GPU groups). Returns how many."""
         with self._lock:
-            idle, self._idle = self._idle, []
-        for g in idle:
+            gone = [g for g in self._idle if g.pg is not None or not holding_only]
+            self._idle = [g for g in self._idle if g not in gone]
+        for g in gone:
             self._kill(g)
-        return len(idle)
+        return len(gone)
 
     def retire_all(self) -> int:
         with self._lock:
@@ -387,8 +440,53 @@ class TrialPool:
     def get_stats(self) -> dict[str, int]:
         return dict(self.stats)
 
+    # -- one trial --
+    def _run_on(self, group: _Group, payload: dict[str, Any], deadline: float,
+                timeout_message: str) -> dict[str, Any]:
+        """Every rank's :meth:`PoolWorker.run`; a failed or late rank retires the group."""
+        refs = [w.run.remote(payload) for w in group.workers]
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.time()))
+            if not ready:
+                self._retire(group)
+                return self._failed("error", "timeout", timeout_message)
+            try:
+                ray.get(ready[0])
+            except Exception as e:  # noqa: BLE001 - the first rank to fail names the cause
+                self._retire(group)
+                status, kind, message = classify(e)
+                return self._failed(status.value, kind.value if kind else None, message)
+        return {"ok": True, "value": ray.get(refs[0]), "t_end": time.time()}
+
+    def _hold_lease(self, group: _Group, lease: Any, until: list[Any]) -> None:
+        """``group`` keeps its trial's ``lease`` until its tidy-up calls (``until``) are done,
+        then it is removed in the background (the trial's reply does not wait), unless a next
+        trial on the group took it over first (a new placement group right after one is
+        removed waits up to ~1 s for Ray to see the CPUs free)."""
+        if lease is None:
+            return
+        with self._lock:
+            group.lease = lease
+
+        def end() -> None:
+            try:
+                ray.wait(until, num_returns=len(until), timeout=_TIDY_WAIT_S)
+            except Exception:  # noqa: BLE001 - a killed worker's call: its group is gone anyway
+                pass
+            with self._lock:
+                mine = group.lease is lease
+                if mine:
+                    group.lease = None
+            if mine:
+                _remove_quietly(lease)
+
+        threading.Thread(target=end, daemon=True).start()
+
     # -- groups --
-    def _take(self, key: dict[str, Any], deadline: float) -> tuple[_Group, bool]:
+    def _take(self, key: dict[str, Any], deadline: float) -> tuple[_Group, bool, Any]:
+        """(group, warm, lease): an idle group of ``key`` that is not stale, with a lease on its
+        nodes (None for a group holding its own resources), else a new group."""
         while True:
             with self._lock:
                 match = next((g for g in self._idle if g.key == key), None)
@@ -402,31 +500,72 @@ class TrialPool:
                                                timeout=max(1.0, deadline - time.time())) if s), None)
             except Exception:  # noqa: BLE001 - a worker gone while idle: start another group
                 why = "a worker of the group is gone"
-            if why is None:
-                return match, match.trials > 0
-            self._retire(match)
-        group = self._start(key, deadline)
+            if why is not None:
+                self._retire(match)
+                continue
+            with self._lock:
+                lease, match.lease = match.lease, None
+            if match.pg is not None or lease is not None:
+                return match, match.trials > 0, lease
+            try:
+                lease = self._place(_bundles(key), key["placement_strategy"], deadline,
+                                    nodes=match.nodes)
+            except BaseException:
+                self._release(match)  # no room before the deadline: not the group's fault
+                raise
+            if lease is not None:
+                return match, match.trials > 0, lease
+            self._retire(match)  # its nodes are busy and the cluster has room elsewhere
+        group, lease = self._start(key, deadline)
         with self._lock:
             self._busy[group.id] = group
-        return group, False
+        return group, False, lease
 
-    def _start(self, key: dict[str, Any], deadline: float) -> _Group:
-        n, gpu = key["num_workers"], key["device"] == "cuda"
-        bundle = {"CPU": float(key["num_threads"]), **({"GPU": 1.0} if gpu else {})}
-        self._make_room(bundle, n)
-        pg = placement_group([dict(bundle) for _ in range(n)], strategy=key["placement_strategy"])
-        if not pg.wait(min(_PLACE_PATIENCE_S, max(0.0, deadline - time.time()))):
-            self.retire_idle()  # idle groups of other keys may be what holds the resources
-            if not pg.wait(max(0.0, deadline - time.time())):
-                remove_placement_group(pg)
-                raise GroupStartError(f"no room for {n} worker(s) of {bundle} before the deadline")
-        group = _Group(key=key, workers=[], pg=pg)
+    def _place(self, bundles: list[dict[str, float]], strategy: str, deadline: float,
+               nodes: list[str] | None = None) -> Any:
+        """A ready placement group of ``bundles`` (bundle i on node ``nodes[i]`` when given).
+        None when pinned bundles are not placed within the patience while the cluster has the
+        room elsewhere; :class:`GroupStartError` when not placed before the deadline."""
+        self._make_room(bundles)
+        selector = [{NODE_ID_LABEL_KEY: n} for n in nodes] if nodes else None
+        pg = placement_group(bundles, strategy=strategy, bundle_label_selector=selector)
         try:
+            if pg.wait(min(_PLACE_PATIENCE_S, max(0.0, deadline - time.time()))):
+                return pg
+            self.retire_idle(holding_only=True)  # an idle GPU group may hold what it waits for
+            if nodes and _fits(bundles, ray.available_resources()):
+                _remove_quietly(pg)
+                return None
+            if pg.wait(max(0.0, deadline - time.time())):
+                return pg
+        except BaseException:
+            _remove_quietly(pg)
+            raise
+        _remove_quietly(pg)
+        where = " on the group's node(s)" if nodes else ""
+        raise GroupStartError(f"no room for {len(bundles)} worker(s) of {bundles[0]}{where} "
+                              "before the deadline")
+
+    def _start(self, key: dict[str, Any], deadline: float) -> tuple[_Group, Any]:
+        """A new group of ``key`` and the lease its first trial runs under (None on GPU: the
+        group holds its placement group while it lives)."""
+        n, gpu = key["num_workers"], key["device"] == "cuda"
+        bundles = _bundles(key)
+        pg = self._place(bundles, key["placement_strategy"], deadline)
+        group = _Group(key=key, workers=[], pg=pg if gpu else None)
+        lease = None if gpu else pg
+        try:
+            if gpu:
+                strategies = [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+                              for i in range(n)]
+            else:  # pinned where the lease placed each rank; the lease holds the CPUs
+                on = placement_group_table(pg)["bundles_to_node_id"]
+                group.nodes = [on[i] for i in range(n)]
+                strategies = [NodeAffinitySchedulingStrategy(node, soft=False) for node in group.nodes]
             group.workers = [
-                PoolWorker.options(
-                    num_cpus=bundle["CPU"], num_gpus=1 if gpu else 0,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-                ).remote() for i in range(n)]
+                PoolWorker.options(num_cpus=bundles[i]["CPU"] if gpu else 0, num_gpus=1 if gpu else 0,
+                                   scheduling_strategy=strategies[i]).remote(key["num_threads"])
+                for i in range(n)]
             left = lambda: max(1.0, deadline - time.time())  # noqa: E731
             nodes = ray.get([w.node.remote() for w in group.workers], timeout=left())
             port = ray.get(group.workers[0].free_port.remote(), timeout=left())
@@ -436,25 +575,32 @@ class TrialPool:
                      for r, w in enumerate(group.workers)], timeout=left())
         except ray.exceptions.GetTimeoutError:
             self._kill(group)
+            _remove_quietly(lease)
             raise GroupStartError(f"the {n} worker(s) did not form a process group before the "
                                   "deadline") from None
         except BaseException:
             self._kill(group)
+            _remove_quietly(lease)
             raise
         with self._lock:
             self.stats["groups_started"] += 1
-        return group
+        return group, lease
 
-    def _make_room(self, bundle: dict[str, float], n: int) -> None:
-        free = ray.available_resources()
-        if any(free.get(r, 0.0) < v * n for r, v in bundle.items()):
-            self.retire_idle()
+    def _make_room(self, bundles: list[dict[str, float]]) -> None:
+        if not _fits(bundles, ray.available_resources()):
+            self.retire_idle(holding_only=True)
 
     def _release(self, group: _Group) -> None:
+        """Back to idle; past ``MAX_IDLE_GROUPS`` idle, the longest idle are retired."""
         with self._lock:
             self._busy.pop(group.id, None)
             group.idle_since = time.time()
             self._idle.append(group)
+            self._idle.sort(key=lambda g: g.idle_since)
+            extra = self._idle[:max(0, len(self._idle) - MAX_IDLE_GROUPS)]
+            self._idle = self._idle[len(extra):]
+        for g in extra:
+            self._kill(g)
 
     def _retire(self, group: _Group) -> None:
         with self._lock:
@@ -469,17 +615,25 @@ class TrialPool:
                 ray.kill(w, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
                 pass
-        try:
-            remove_placement_group(group.pg)
-        except Exception:  # noqa: BLE001 - already removed
-            pass
         with self._lock:
+            lease, group.lease = group.lease, None
             self.stats["groups_retired"] += 1
+        _remove_quietly(lease)
+        _remove_quietly(group.pg)
 
     @staticmethod
     def _failed(status: str, kind: str | None, message: str) -> dict[str, Any]:
         return {"ok": False, "status": status, "error_kind": kind, "message": message,
                 "t_end": time.time()}
+
+
+def _remove_quietly(pg: Any) -> None:
+    if pg is None:
+        return
+    try:
+        remove_placement_group(pg)
+    except Exception:  # noqa: BLE001 - already removed
+        pass
 
 
 def _local_ranks(nodes: list[dict[str, Any]], gpu: bool) -> tuple[list[int], list[str | None]]:

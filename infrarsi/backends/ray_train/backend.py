@@ -364,8 +364,9 @@ class RayTrainBackend(Backend):
         return TrainerOutcome.from_pool(outcome, t_submit=t0)
 
     def _make_room(self, config: dict[str, Any]) -> None:
-        """Before a fresh trial: this process's idle warm groups give back their resources
-        when the cluster has too few free for the trial's workers."""
+        """Before a fresh trial: this process's idle warm groups that hold resources (GPU
+        groups; an idle CPU group holds none) give them back when the cluster has too few free
+        for the trial's workers."""
         pool = _pool.existing_process_pool()
         if pool is None:
             return
@@ -373,7 +374,7 @@ class RayTrainBackend(Backend):
                 **({"GPU": config["num_workers"]} if self.spec.hardware.device == "cuda" else {})}
         free = ray.available_resources()
         if any(free.get(r, 0.0) < v for r, v in need.items()):
-            ray.get(pool.retire_idle.remote())
+            ray.get(pool.retire_idle.remote(holding_only=True))
 
     def close(self) -> None:
         """Retire this process's idle warm groups (their CPUs and GPUs are free again)."""
