@@ -311,9 +311,9 @@ class Fitter:
         experience on vTrain's A100 GPT-39.1B favoured large micro-batches, the slowest there:
         weight 0.8-1.0, 2 of 10 seeds missed the best config). Why only lowered: an order
         experience got right is one its residual fits with small corrections, which the
-        evidence already credits; counted again it pushed the weight to 1 and dropped the cold
-        model's share of the search (vTrain's small GPTs at budget 6: 3 to 5 of 10 seeds lost
-        the best config). Why a few pairs say little: the order is scored with the room the
+        evidence already credits; counted again it pushed the weight to 1, the cold model lost
+        its share of the search, and vTrain's small GPTs at budget 6 fell from 0.997 to 0.990
+        of the best. Why a few pairs say little: the order is scored with the room the
         residual's prior gives experience, so one or two pairs cannot overturn the evidence.
         """
         cold = StepTimeModel.from_priors(self.encoder, self.priors, random_state=self.seed)
