@@ -105,6 +105,45 @@ def test_own_ooms_count_before_any_peak_when_experience_put_memory_too_low():
     assert eng._current_fit().p_oom[i] > 0.5
 
 
+class _LargeBatchSlow(ToyBackend):
+    """Another machine where large micro-batches are the slowest (as on vTrain's A100
+    pipelines, where H100 experience says they are the fastest)."""
+
+    @staticmethod
+    def throughput(c):
+        return ToyBackend.throughput(c) / c["micro_batch_size"] ** 1.2
+
+
+@pytest.mark.parametrize("own, trusted", [(ToyBackend, True), (_LargeBatchSlow, False)])
+def test_experience_that_ranks_the_own_trials_backwards_loses_its_weight(own, trusted):
+    """How far the search trusts experience is learned from its own trials. Experience whose
+    micro-batch lesson these trials contradict must lose its weight against the cold model
+    (the fit's evidence alone kept it at 0.7-0.96 here: the residual bends experience to fit
+    the trials wherever they sit); experience they bear out keeps it."""
+    import dataclasses
+
+    from infrarsi.trial import HardwareFingerprint
+
+    b, o = ToyBackend(), own(seed=1)
+    other = HardwareFingerprint("toy-gpu-b", CAPACITY, 8, peak_flops=2e15)
+    experience = [dataclasses.replace(r, hardware=other)
+                  for i, c in enumerate(b.space.enumerate())
+                  if (r := b.execute(c, trial_id=f"x{i}")).ok]
+    eng = _engine(o, experience=experience, n_init=0)
+    weights = []
+    for k, (mbs, precision) in enumerate([(1, "bf16"), (2, "bf16"), (4, "bf16"), (8, "bf16"),
+                                          (1, "fp32"), (4, "fp32")]):
+        eng.observe(o.execute({"micro_batch_size": mbs, "activation_checkpointing": "full",
+                               "precision": precision, "bucket_cap_mb": 25},
+                              trial_id=f"o{k}"), "test")
+        eng._current_fit()
+        weights.append(eng.fitter.experience_weight)
+    if trusted:
+        assert min(weights[2:]) > 0.9, weights
+    else:
+        assert max(weights[3:]) < 0.1, weights
+
+
 def test_searches_sharing_an_experience_cache_fit_it_once_and_decide_as_without_it():
     """The experience fit is cached in an explicit object the caller shares (no global): two
     searches with the same experience fit it once, and a search that refits it at every use
