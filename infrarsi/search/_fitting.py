@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from infrarsi.models import FeatureEncoder, KnobPrior, PeakMemoryModel, StepTimeModel
-from infrarsi.models.crash import CrashModel, crash_dataset
-from infrarsi.models.peak_memory import has_memory_signal, interval_dataset
+from infrarsi.models.crash import CrashModel, crash_dataset, unexplained_ooms
+from infrarsi.models.peak_memory import has_memory_signal, has_reading, interval_dataset
 from infrarsi.models.priors import monotone_signs
 from infrarsi.search._policy import (
     EXPERIENCE_CACHE_SIZE,
@@ -172,8 +172,8 @@ class Fitter:
     """Fits one search's models and predicts its pool (``X_pool``, the encoded candidates).
 
     State it keeps between fits: the experience fit of the current pool (call
-    :meth:`pool_changed` when the pool changes), the encoded experience crash rows, and the
-    memory model's distribution family once chosen.
+    :meth:`pool_changed` when the pool changes), the encoded experience crash rows, the crash
+    model of the own crashes so far, and the memory model's distribution family once chosen.
     """
 
     def __init__(self, space: SearchSpace, encoder: FeatureEncoder, hardware: HardwareFingerprint,
@@ -192,11 +192,15 @@ class Fitter:
         self._memory_prev: PeakMemoryModel | None = None
         self._exp_fit: ExperienceFit | None = None
         self._exp_crash: tuple[np.ndarray, np.ndarray] | None = None
+        # (own crash labels, crash model, its P(crash) of the pool), see p_crash
+        self._crash_memo: tuple[Any, CrashModel | None, np.ndarray | None] | None = None
         # P(experience's model | own trials) at the last fit (None: no experience or no trial)
         self.experience_weight: float | None = None
 
     def pool_changed(self) -> None:
         self._exp_fit = None
+        if self._crash_memo is not None:
+            self._crash_memo = (*self._crash_memo[:2], None)
 
     def experience_fit(self, X_pool: np.ndarray) -> ExperienceFit:
         if self._exp_fit is None:
@@ -243,7 +247,7 @@ class Fitter:
         else:
             mu, sd = np.zeros(n_pool), np.ones(n_pool)
 
-        p_oom, med = np.zeros(n_pool), None
+        p_oom, med, unexplained = np.zeros(n_pool), None, None
         capacity = float(self.hardware.memory_bytes or 0)
         X_mem, bounds = interval_dataset(self.encoder, records, capacity or None)
         # Own OOMs count from the first: with experience's slopes and location as the prior, an
@@ -258,11 +262,15 @@ class Fitter:
                 self._memory_prev = mm
             p_oom = mm.p_oom_near(X_pool, X_mem, bounds, capacity, noise=OWN_MEMORY_NOISE)
             med = mm.predict_quantiles(X_pool, (0.5,))[:, 0]
+            if has_reading(bounds):  # the model is anchored: it can tell a failure memory explains
+                unexplained = unexplained_ooms(mm, self.encoder.transform_records(records),
+                                               records, capacity)
         elif capacity and exp is not None and exp.memory_model is not None:
             p_oom, med = exp.p_oom, exp.mem_median
         return Fit(np.asarray(mu, float), np.maximum(np.asarray(sd, float), 1e-6),
                    np.clip(np.asarray(p_oom, float), 0.0, 1.0), med,
-                   self.p_crash(records, X_pool), time_model=tm, memory_model=mm)
+                   self.p_crash(records, X_pool, unexplained, exp), time_model=tm,
+                   memory_model=mm)
 
     def _trust_experience(self, X: np.ndarray, y: np.ndarray, X_pool: np.ndarray,
                           tm: StepTimeModel, mu: np.ndarray, sd: np.ndarray):
@@ -284,20 +292,47 @@ class Fitter:
         var = w * (sd**2 + mu**2) + (1 - w) * (csd**2 + cmu**2) - m**2
         return m, np.sqrt(np.maximum(var, 1e-12))
 
-    def p_crash(self, records: Sequence[TrialRecord], X_pool: np.ndarray) -> np.ndarray:
-        """P(crash) of every pool config from the crashes in experience and in own trials."""
+    def p_crash(self, records: Sequence[TrialRecord], X_pool: np.ndarray,
+                unexplained: np.ndarray | None = None,
+                exp: ExperienceFit | None = None) -> np.ndarray:
+        """P(crash) of every pool config from the crashes in experience and in own trials.
+
+        ``unexplained``: per own record, an OOM the own memory model does not explain (see
+        :func:`~infrarsi.models.crash.unexplained_ooms`), learned as a crash; experience's are
+        judged once by experience's memory model (when measured peaks anchor it).
+        """
         if self._exp_crash is None:
-            rows, y = crash_dataset(self.experience)
+            flags = None
+            mm = exp.memory_model if exp is not None else None
+            if mm is not None and any(r.ok and r.peak_memory_max_bytes for r in self.experience):
+                flags = unexplained_ooms(mm, self.encoder.transform_records(self.experience),
+                                         self.experience)
+            rows, y = crash_dataset(self.experience, flags)
             X = self.encoder.transform_records(rows) if rows else np.zeros((0, X_pool.shape[1]))
             self._exp_crash = (X, y)
         X_exp, y_exp = self._exp_crash
-        rows, y_own = crash_dataset(records)
-        if not (y_exp.sum() + y_own.sum()):
-            return np.zeros(len(X_pool))
-        X = np.vstack([X_exp, self.encoder.transform_records(rows)]) if rows else X_exp
-        y = np.concatenate([y_exp, y_own])
-        w = np.concatenate([np.ones(len(y_exp)), np.full(len(y_own), OWN_CRASH_WEIGHT)])
-        return CrashModel(random_state=self.seed).fit(X, y, w).p_crash(X_pool)
+        rows, y_own = crash_dataset(records, unexplained)
+        # The own trials up to the last one labelled a crash: a forest is refitted only when a
+        # crash arrives (or a label changes), not at every trial -- on hundreds of experience rows
+        # a fit costs more than the rest of a suggestion. A function of the trials alone, so a
+        # restored search predicts the same.
+        n = int(np.flatnonzero(y_own)[-1]) + 1 if y_own.any() else 0
+        rows, y_own = rows[:n], y_own[:n]
+        key = (n, tuple(y_own.tolist()))
+        if self._crash_memo is None or self._crash_memo[0] != key:
+            if not (y_exp.sum() + y_own.sum()):
+                model = None
+            else:
+                X = np.vstack([X_exp, self.encoder.transform_records(rows)]) if rows else X_exp
+                y = np.concatenate([y_exp, y_own])
+                w = np.concatenate([np.ones(len(y_exp)), np.full(len(y_own), OWN_CRASH_WEIGHT)])
+                model = CrashModel(random_state=self.seed).fit(X, y, w)
+            self._crash_memo = (key, model, None)
+        key, model, pred = self._crash_memo
+        if pred is None or len(pred) != len(X_pool):
+            pred = np.zeros(len(X_pool)) if model is None else model.p_crash(X_pool)
+            self._crash_memo = (key, model, pred)
+        return pred
 
     def _memory_model_for(self, exp: ExperienceFit | None) -> PeakMemoryModel:
         if exp is not None and exp.memory_model is not None:
