@@ -616,17 +616,12 @@ def interval_dataset(encoder: FeatureEncoder, records, capacity: float | None = 
     return X, bounds
 
 
-def has_reading(bounds: np.ndarray) -> bool:
-    """Whether bounds hold an observed peak (labels alone place a model only relative to them)."""
-    b = np.asarray(bounds, dtype=float).reshape(-1, 2)
-    return bool(((b[:, 0] == b[:, 1]) & (b[:, 0] > 0)).any())
-
-
 def has_memory_signal(bounds: np.ndarray) -> bool:
     """Whether bounds can place a memory model: an observed peak, or both a trial that fit
     (left-censored) and one that did not (right-censored)."""
     b = np.asarray(bounds, dtype=float).reshape(-1, 2)
-    return has_reading(b) or bool((b[:, 0] <= 0).any() and np.isinf(b[:, 1]).any())
+    exact = (b[:, 0] == b[:, 1]) & (b[:, 0] > 0)
+    return bool(exact.any() or ((b[:, 0] <= 0).any() and np.isinf(b[:, 1]).any()))
 
 
 def _split_y(memory, observed) -> tuple[np.ndarray, np.ndarray]:
