@@ -601,12 +601,12 @@ def test_crashes_of_a_setting_conjunction_steer_the_search_around_that_conjuncti
     assert all("p_crash" in s.predicted for s in sugs if not s.origin.startswith("seed:"))
 
 
-def test_experience_failures_memory_does_not_explain_teach_the_crash_model():
+def test_experience_failures_of_unknown_cause_teach_the_crash_model():
     """A source that cannot tell an OOM from a crash (the playbook's ``crashed_or_oom``) records
-    light configs that crashed as OOMs. Measured peaks anchor experience's memory model: it
-    still puts those configs under the capacity, so they are learned as crashes, and the new
-    workload's configs with the same crashing setting are predicted to fail, and the other light
-    configs stay safe."""
+    light configs that crashed as OOMs; the memory model cannot learn them (memory does not
+    cause them). Experience's failures teach the crash model whatever their recorded cause, so
+    the new workload's configs with the same crashing setting are predicted to fail, and the
+    other light configs stay safe. The own search's OOMs stay the memory model's."""
     import dataclasses
 
     from infrarsi.trial import HardwareFingerprint
@@ -636,3 +636,8 @@ def test_experience_failures_memory_does_not_explain_teach_the_crash_model():
     assert fit.p_crash[crashing].mean() > 0.6
     assert fit.p_crash[light_ok].max() < 0.2
     assert fit.p_fail[crashing].min() > fit.p_fail[light_ok].max()
+    hungry = {"micro_batch_size": 16, "activation_checkpointing": "none", "precision": "fp32",
+              "bucket_cap_mb": 25}
+    eng.observe(b.execute(hungry, trial_id="own-oom"), "test")
+    assert eng.records[-1].status is TrialStatus.OOM
+    assert np.array_equal(eng._fit(eng.records).p_crash, fit.p_crash)  # noqa: SLF001

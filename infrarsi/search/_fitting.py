@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from infrarsi.models import FeatureEncoder, KnobPrior, PeakMemoryModel, StepTimeModel
-from infrarsi.models.crash import CrashModel, crash_dataset, unexplained_ooms
+from infrarsi.models.crash import CrashModel, crash_dataset
 from infrarsi.models.peak_memory import has_memory_signal, interval_dataset
 from infrarsi.models.priors import monotone_signs
 from infrarsi.search._policy import (
@@ -266,7 +266,7 @@ class Fitter:
             p_oom, med = exp.p_oom, exp.mem_median
         return Fit(np.asarray(mu, float), np.maximum(np.asarray(sd, float), 1e-6),
                    np.clip(np.asarray(p_oom, float), 0.0, 1.0), med,
-                   self.p_crash(records, X_pool, exp), time_model=tm, memory_model=mm)
+                   self.p_crash(records, X_pool), time_model=tm, memory_model=mm)
 
     def _trust_experience(self, X: np.ndarray, y: np.ndarray, X_pool: np.ndarray,
                           tm: StepTimeModel, mu: np.ndarray, sd: np.ndarray):
@@ -288,23 +288,14 @@ class Fitter:
         var = w * (sd**2 + mu**2) + (1 - w) * (csd**2 + cmu**2) - m**2
         return m, np.sqrt(np.maximum(var, 1e-12))
 
-    def p_crash(self, records: Sequence[TrialRecord], X_pool: np.ndarray,
-                exp: ExperienceFit | None = None) -> np.ndarray:
+    def p_crash(self, records: Sequence[TrialRecord], X_pool: np.ndarray) -> np.ndarray:
         """P(crash) of every pool config from the crashes in experience and in own trials.
 
-        Experience's OOMs that its memory model (``exp``'s, anchored by measured peaks) does not
-        explain are learned as crashes (see :func:`~infrarsi.models.crash.unexplained_ooms`).
-        The own trials' are not: judged by a memory model of a few own readings, a real OOM
-        early in a search read as a crash, and one crash among two trials made every config
-        look half likely to crash (Ultra-Scale, cold, 2 seeds: failed share 13.5% -> 18.8%).
+        Experience's OOMs count as failures too (see :mod:`infrarsi.models.crash`); the own
+        trials' do not (the memory model learns them).
         """
         if self._exp_crash is None:
-            flags = None
-            mm = exp.memory_model if exp is not None else None
-            if mm is not None and any(r.ok and r.peak_memory_max_bytes for r in self.experience):
-                flags = unexplained_ooms(mm, self.encoder.transform_records(self.experience),
-                                         self.experience)
-            rows, y = crash_dataset(self.experience, flags)
+            rows, y = crash_dataset(self.experience, oom_fails=True)
             X = self.encoder.transform_records(rows) if rows else np.zeros((0, X_pool.shape[1]))
             self._exp_crash = (X, y)
         X_exp, y_exp = self._exp_crash
