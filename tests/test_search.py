@@ -641,3 +641,8 @@ def test_experience_failures_of_unknown_cause_teach_the_crash_model():
     eng.observe(b.execute(hungry, trial_id="own-oom"), "test")
     assert eng.records[-1].status is TrialStatus.OOM
     assert np.array_equal(eng._fit(eng.records).p_crash, fit.p_crash)  # noqa: SLF001
+    # OOMs on a smaller device say nothing about failing on this one
+    small = HardwareFingerprint("toy-gpu-c", CAPACITY // 2, 8, peak_flops=1e15)
+    smaller = [dataclasses.replace(r, hardware=small, memory_capacity_bytes=CAPACITY // 2)
+               for r in experience]
+    assert not _engine(b, experience=smaller)._current_fit().p_crash.any()  # noqa: SLF001

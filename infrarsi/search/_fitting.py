@@ -295,7 +295,8 @@ class Fitter:
         trials' do not (the memory model learns them).
         """
         if self._exp_crash is None:
-            rows, y = crash_dataset(self.experience, oom_fails=True)
+            rows, y = crash_dataset(self.experience,
+                                    oom_fails=float(self.hardware.memory_bytes or 0))
             X = self.encoder.transform_records(rows) if rows else np.zeros((0, X_pool.shape[1]))
             self._exp_crash = (X, y)
         X_exp, y_exp = self._exp_crash
