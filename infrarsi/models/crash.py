@@ -9,20 +9,10 @@ hardware included, so crashes of other workloads in the bank transfer where they
 config-caused crash labelled 1, everything else that ran (ok, OOM, rejected) 0.
 
 Only crashes a config causes teach it (:data:`CONFIG_FAULTS`): a lost worker or a failed
-collective says nothing about the settings and is left out.
-
-Experience's OOMs teach it too (``oom_fails``: those of a device at least as large as the
-searched one). A failure is a failure, and some sources cannot say which kind it was (the
-Ultra-Scale playbook records ``crashed_or_oom``: a pipeline stage left with one layer, ZeRO-0
-under pipelining at one micro-batch, flaky layouts). Such failures depend on conjunctions of
-layout and context that a log-linear memory model cannot express and the trees can; a real OOM
-counted here as well only weighs twice against a config both models already call hungry. A
-search's own OOMs stay the memory model's alone: with a few own trials, one OOM read as a crash
-marked much of the space as likely to fail.
-
-Without both a crash and a config that ran, the model has no contrast to learn from and predicts
-0 everywhere: it ranks configs, and a run in which everything crashed is the search's to judge
-(a broken workload, or a setting every crash shared).
+collective says nothing about the settings and is left out. Without both a crash and a config
+that ran, the model has no contrast to learn from and predicts 0 everywhere: it ranks configs,
+and a run in which everything crashed is the search's to judge (a broken workload, or a setting
+every crash shared).
 """
 
 from __future__ import annotations
@@ -42,12 +32,8 @@ from infrarsi.trial import ErrorKind, TrialRecord, TrialStatus
 CONFIG_FAULTS = frozenset({ErrorKind.COMPILE, ErrorKind.PATCH, ErrorKind.CRASH})
 
 
-def crash_label(record: TrialRecord, oom_fails: float | None = None) -> int | None:
-    """1: the config crashed (or ran out of memory on a device of at least ``oom_fails`` bytes,
-    see :func:`crash_dataset`); 0: it ran (ok, OOM or rejected); None: no evidence either way."""
-    if oom_fails is not None and record.status is TrialStatus.OOM:
-        cap = record.memory_capacity_bytes or getattr(record.hardware, "memory_bytes", None)
-        return 1 if cap is None or cap >= oom_fails else 0
+def crash_label(record: TrialRecord) -> int | None:
+    """1: the config crashed; 0: it ran (ok, OOM or rejected); None: no evidence either way."""
     if record.status is TrialStatus.ERROR:
         return 1 if record.error_kind in CONFIG_FAULTS else None
     return 0
@@ -91,13 +77,7 @@ class CrashModel(BaseEstimator):
         return self.forest_.predict_proba(X)[:, 1]
 
 
-def crash_dataset(records: Sequence[TrialRecord], oom_fails: float | None = None
-                  ) -> tuple[list[TrialRecord], np.ndarray]:
-    """The records that carry evidence and their labels (see :func:`crash_label`).
-
-    ``oom_fails``: the searched device's memory (bytes; 0 when unknown): an OOM on a device at
-    least that large counts as a failure (experience's, see the module's docstring); one on a
-    smaller device says nothing about failing on this one. None: OOMs are not failures here.
-    """
-    rows = [(r, lab) for r in records if (lab := crash_label(r, oom_fails)) is not None]
+def crash_dataset(records: Sequence[TrialRecord]) -> tuple[list[TrialRecord], np.ndarray]:
+    """The records that carry evidence and their labels (see :func:`crash_label`)."""
+    rows = [(r, lab) for r in records if (lab := crash_label(r)) is not None]
     return [r for r, _ in rows], np.array([lab for _, lab in rows], dtype=int)

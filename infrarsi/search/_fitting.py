@@ -172,8 +172,8 @@ class Fitter:
     """Fits one search's models and predicts its pool (``X_pool``, the encoded candidates).
 
     State it keeps between fits: the experience fit of the current pool (call
-    :meth:`pool_changed` when the pool changes), the encoded experience crash rows, the crash
-    model of the own crashes so far, and the memory model's distribution family once chosen.
+    :meth:`pool_changed` when the pool changes), the encoded experience crash rows, and the
+    memory model's distribution family once chosen.
     """
 
     def __init__(self, space: SearchSpace, encoder: FeatureEncoder, hardware: HardwareFingerprint,
@@ -192,15 +192,11 @@ class Fitter:
         self._memory_prev: PeakMemoryModel | None = None
         self._exp_fit: ExperienceFit | None = None
         self._exp_crash: tuple[np.ndarray, np.ndarray] | None = None
-        # (own crash labels, crash model, its P(crash) of the pool), see p_crash
-        self._crash_memo: tuple[Any, CrashModel | None, np.ndarray | None] | None = None
         # P(experience's model | own trials) at the last fit (None: no experience or no trial)
         self.experience_weight: float | None = None
 
     def pool_changed(self) -> None:
         self._exp_fit = None
-        if self._crash_memo is not None:
-            self._crash_memo = (*self._crash_memo[:2], None)
 
     def experience_fit(self, X_pool: np.ndarray) -> ExperienceFit:
         if self._exp_fit is None:
@@ -289,39 +285,19 @@ class Fitter:
         return m, np.sqrt(np.maximum(var, 1e-12))
 
     def p_crash(self, records: Sequence[TrialRecord], X_pool: np.ndarray) -> np.ndarray:
-        """P(crash) of every pool config from the crashes in experience and in own trials.
-
-        Experience's OOMs count as failures too (see :mod:`infrarsi.models.crash`); the own
-        trials' do not (the memory model learns them).
-        """
+        """P(crash) of every pool config from the crashes in experience and in own trials."""
         if self._exp_crash is None:
-            rows, y = crash_dataset(self.experience,
-                                    oom_fails=float(self.hardware.memory_bytes or 0))
+            rows, y = crash_dataset(self.experience)
             X = self.encoder.transform_records(rows) if rows else np.zeros((0, X_pool.shape[1]))
             self._exp_crash = (X, y)
         X_exp, y_exp = self._exp_crash
         rows, y_own = crash_dataset(records)
-        # The own trials up to the last one labelled a crash: a forest is refitted only when a
-        # crash arrives (or a label changes), not at every trial -- on hundreds of experience rows
-        # a fit costs more than the rest of a suggestion. A function of the trials alone, so a
-        # restored search predicts the same.
-        n = int(np.flatnonzero(y_own)[-1]) + 1 if y_own.any() else 0
-        rows, y_own = rows[:n], y_own[:n]
-        key = (n, tuple(y_own.tolist()))
-        if self._crash_memo is None or self._crash_memo[0] != key:
-            if not (y_exp.sum() + y_own.sum()):
-                model = None
-            else:
-                X = np.vstack([X_exp, self.encoder.transform_records(rows)]) if rows else X_exp
-                y = np.concatenate([y_exp, y_own])
-                w = np.concatenate([np.ones(len(y_exp)), np.full(len(y_own), OWN_CRASH_WEIGHT)])
-                model = CrashModel(random_state=self.seed).fit(X, y, w)
-            self._crash_memo = (key, model, None)
-        key, model, pred = self._crash_memo
-        if pred is None or len(pred) != len(X_pool):
-            pred = np.zeros(len(X_pool)) if model is None else model.p_crash(X_pool)
-            self._crash_memo = (key, model, pred)
-        return pred
+        if not (y_exp.sum() + y_own.sum()):
+            return np.zeros(len(X_pool))
+        X = np.vstack([X_exp, self.encoder.transform_records(rows)]) if rows else X_exp
+        y = np.concatenate([y_exp, y_own])
+        w = np.concatenate([np.ones(len(y_exp)), np.full(len(y_own), OWN_CRASH_WEIGHT)])
+        return CrashModel(random_state=self.seed).fit(X, y, w).p_crash(X_pool)
 
     def _memory_model_for(self, exp: ExperienceFit | None) -> PeakMemoryModel:
         if exp is not None and exp.memory_model is not None:
