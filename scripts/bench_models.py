@@ -40,6 +40,7 @@ from infrarsi._home import data_dir
 from infrarsi.errors import ConfigError, ModelFallbackWarning
 from infrarsi.models import FeatureEncoder, PeakMemoryModel, StepTimeModel
 from infrarsi.models._gp import LeanGP
+from infrarsi.models.crash import CrashModel
 from infrarsi.space import Knob, SearchSpace
 from infrarsi.trial import HardwareFingerprint, WorkloadSignature
 
@@ -234,7 +235,9 @@ def run_loo(df, enc) -> pd.DataFrame:
     """P(OOM) of each workload from a model fitted on every *other* workload (how a search's
     experience sees a new one): AUC and Brier of the censored AFT with peaks (a), of the same
     model from ok/OOM labels alone (l: ok rows left-censored at the capacity, the interval
-    fit), and of the classifier (d); plus the labels-only fit's time."""
+    fit), and of the classifier (d); P(fail) as a search with experience predicts it (f):
+    1 - (1 - P(OOM) of (a)) (1 - P(crash)), the crash model's trees fitted on every training
+    failure as one label (``oom_fails``); plus the labels-only fit's time."""
     rows = []
     for (model, nodes), te in df.groupby(["model", "nodes"], sort=False):
         tr = df[~((df.model == model) & (df.nodes == nodes))]
@@ -250,8 +253,10 @@ def run_loo(df, enc) -> pd.DataFrame:
             t0 = time.perf_counter()
             lab = PeakMemoryModel.from_priors(enc, capacity=CAP_GB).fit(Xtr, bounds)
             row["labels_fit_s"] = time.perf_counter() - t0
+        p_crash = CrashModel(random_state=0).fit(Xtr, ~ok).p_crash(Xte)
         probs = {"a": a.p_oom(Xte), "l": lab.p_oom(Xte),
                  "d": classifier_p(Xtr, (~ok).astype(int), Xte)}
+        probs["f"] = 1.0 - (1.0 - probs["a"]) * (1.0 - p_crash)
         for k, p in probs.items():
             row[f"auc_{k}"] = roc_auc_score(y, p) if 0 < y.mean() < 1 else float("nan")
             row[f"brier_{k}"] = float(np.mean((p - y) ** 2))
@@ -363,7 +368,7 @@ def main() -> None:
         print("\n== leave one workload out: P(OOM) of the held-out workload ==")
         print(loo.to_string(float_format=lambda v: f"{v:.3f}"))
         both = loo["auc_a"].notna()
-        for k in ("a", "l", "d"):
+        for k in ("a", "l", "d", "f"):
             print(f"{k}: AUC >= 0.9 in {int((loo.loc[both, f'auc_{k}'] >= 0.9).sum())}/"
                   f"{int(both.sum())} workloads with both outcomes, median "
                   f"{loo.loc[both, f'auc_{k}'].median():.3f}, Brier {loo[f'brier_{k}'].mean():.3f}")
