@@ -5,8 +5,9 @@ but the patched model runs in the same interpreter and could still reach the clo
 run time (its module globals, ``time``). So every synchronized step boundary is also sent to a
 small **timer process** (:data:`TIMER_ARGS`: a bare ``python -I -S``) that timestamps it on its
 own ``CLOCK_MONOTONIC`` (on Linux from the kernel's send-time stamp of the message, see
-:data:`TIMER_SRC`): nothing the patched code can rebind runs there. At the end the two clocks are compared; a disagreement scheduling cannot explain is
-clock tampering (:class:`ClockTamperError`, whose message gives the outside clock's step times).
+:data:`TIMER_SRC`): nothing the patched code can rebind runs there. At the end the two clocks
+are compared; a disagreement scheduling cannot explain is clock tampering
+(:class:`ClockTamperError`, whose message gives the outside clock's step times).
 
 A process keeps its timer between clocks (a warm pool's worker runs many trials): starting one
 is a ``python`` start-up, 25-40 ms before every trial's first step on a loaded 2-core box. Each
@@ -46,8 +47,7 @@ _wall = time.time
 # so a timer process the scheduler left waiting still times every mark right. The move reads the
 # real-time clock before the monotonic one: a timer preempted between the two reads then dates a
 # mark later, never earlier, than it was sent (earlier would read as the trial's clock running
-# ahead: tampering). Elsewhere (a pipe,
-# or no stamp) a mark is timed when the timer reads it.
+# ahead: tampering). Elsewhere (a pipe, or no stamp) a mark is timed when the timer reads it.
 TIMER_SRC = ("import socket,struct,sys,time\nm=time.monotonic_ns\nw=time.time_ns\n"
              "try:s=socket.socket(fileno=0)\nexcept OSError:s=None\n"
              "if s:\n try:s.setsockopt(1,35,1)\n except OSError:pass\n"
@@ -68,14 +68,15 @@ TIMER_REPLY_TIMEOUT_S = 30.0
 
 # The two clocks read the same step boundaries, the outside one later: the send, then the
 # kernel's stamp (or, without one, the timer's wake-up: ~0.1 ms quiet, but on a heavily loaded
-# box it can sleep through ~100 ms and read two marks at once). So an honest mark's lag (outside - inside) is
-# never negative (the in-process stamp is taken before the write; both read CLOCK_MONOTONIC where
-# SAME_CLOCK) and is sometimes large. Tampering is called only on evidence scheduling cannot
-# produce, since missing a subtle one costs nothing (a trial's step times are always the outside
-# timer's): the in-process clock ahead of the outside one (lag below -CLOCK_LEAD_S), behind it at
-# every mark by more than CLOCK_LAG_S (a rescaled clock: the gaming patches' "2x" reads half the
-# monotonic time), or drifting against it (Theil-Sen slope of the lag, robust to a few late
-# wake-ups) by more than CLOCK_RTOL and more than CLOCK_DRIFT_ATOL_S over the trial.
+# box it can sleep through ~100 ms and read two marks at once). So an honest mark's lag
+# (outside - inside) is never negative (the in-process stamp is taken before the write; both
+# read CLOCK_MONOTONIC where SAME_CLOCK) and is sometimes large. Tampering is called only on
+# evidence scheduling cannot produce, since missing a subtle one costs nothing (a trial's step
+# times are always the outside timer's): the in-process clock ahead of the outside one (lag
+# below -CLOCK_LEAD_S), behind it at every mark by more than CLOCK_LAG_S (a rescaled clock: the
+# gaming patches' "2x" reads half the monotonic time), or drifting against it (Theil-Sen slope
+# of the lag, robust to a few late wake-ups) by more than CLOCK_RTOL and more than
+# CLOCK_DRIFT_ATOL_S over the trial.
 SAME_CLOCK = (time.get_clock_info("perf_counter").implementation
               == time.get_clock_info("monotonic").implementation)
 CLOCK_LEAD_S = 0.002
